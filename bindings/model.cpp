@@ -1,0 +1,160 @@
+#include "common.hpp"
+#include "dynacp/model/calibrate.hpp"
+#include "dynacp/model/error.hpp"
+#include "dynacp/model/plan.hpp"
+
+namespace dynacp::py {
+namespace {
+
+/// Keyword constructor for a config struct: T(**fields); unknown names raise ValueError naming them.
+template <class T> auto kw_init() {
+  return py::init([](const py::kwargs& kw) {
+    auto obj = std::make_unique<T>();
+    py::object view = py::cast(obj.get(), py::return_value_policy::reference);
+    py::tuple fields = view.attr("_fields");
+    for (auto item : kw) {
+      const auto key = item.first.cast<std::string>();
+      bool known = false;
+      for (auto f : fields) known = known || f.cast<std::string>() == key;
+      if (!known)
+        throw InvalidArgument(std::string(py::str(py::type::of(view).attr("__name__"))) + " has no field '" + key +
+                              "'; fields: " + std::string(py::str(fields)));
+      view.attr(key.c_str()) = item.second;
+    }
+    return obj;
+  });
+}
+
+/// Registers read/write fields with docs and records their names in `_fields` (used by to_dict and repr).
+template <class T> struct Fields {
+  py::class_<T>& cls;
+  std::vector<std::string> names;
+  template <class M> Fields& add(const char* name, M T::*member, const char* doc) {
+    cls.def_readwrite(name, member, doc);
+    names.emplace_back(name);
+    return *this;
+  }
+  void done() {
+    py::tuple t(names.size());
+    for (std::size_t i = 0; i < names.size(); ++i) t[i] = py::str(names[i]);
+    cls.attr("_fields") = t;
+    cls.def("to_dict", [](py::object self) {
+      py::dict d;
+      for (auto f : py::tuple(self.attr("_fields"))) d[f] = self.attr(f.cast<std::string>().c_str());
+      return d;
+    }, "Fields as a plain dict");
+    cls.def("__repr__", [](py::object self) {
+      std::string s = std::string(py::str(py::type::of(self).attr("__name__"))) + "(";
+      bool first = true;
+      for (auto f : py::tuple(self.attr("_fields"))) {
+        const auto n = f.cast<std::string>();
+        s += (first ? "" : ", ") + n + "=" + std::string(py::repr(self.attr(n.c_str())));
+        first = false;
+      }
+      return s + ")";
+    });
+    cls.def(py::pickle([](py::object self) { return self.attr("to_dict")(); },
+                       [](py::dict d) {
+                         auto obj = T{};
+                         py::object view = py::cast(&obj, py::return_value_policy::reference);
+                         for (auto item : d) view.attr(item.first.cast<std::string>().c_str()) = item.second;
+                         return obj;
+                       }));
+  }
+};
+
+}  // namespace
+
+void bind_model(py::module_& m) {
+  py::enum_<Mask>(m, "Mask", "Attention mask of one sequence")
+      .value("CAUSAL", Mask::Causal, "causal (decoder) attention: mask factor causal_factor")
+      .value("FULL", Mask::Full, "full/bidirectional attention (vision tokens): mask factor full_factor");
+
+  py::class_<Cluster> cluster(m, "Cluster", "The DP x CP rank pool that a plan schedules onto.");
+  cluster.def(kw_init<Cluster>());
+  Fields<Cluster>{cluster, {}}
+      .add("num_ranks", &Cluster::num_ranks, "P: ranks in the DP x CP pool")
+      .add("ranks_per_node", &Cluster::ranks_per_node, "ranks sharing a node's fast fabric; must divide num_ranks")
+      .add("activation_budget", &Cluster::activation_budget, "activation bytes per rank for one microbatch")
+      .add("intra_node_bandwidth", &Cluster::intra_node_bandwidth, "bytes/s of one ring hop inside a node")
+      .add("inter_node_bandwidth", &Cluster::inter_node_bandwidth, "bytes/s of one ring hop across nodes")
+      .add("intra_node_latency", &Cluster::intra_node_latency, "seconds per ring hop inside a node")
+      .add("inter_node_latency", &Cluster::inter_node_latency, "seconds per ring hop across nodes")
+      .done();
+  cluster.def_property_readonly("num_nodes", &Cluster::num_nodes)
+      .def("validate", &Cluster::validate, "Raise ValueError naming the first bad field.");
+
+  py::class_<CostModel> cost(m, "CostModel",
+                             "T(G,d) = (eta*a*sum s^2 + b*sum s)/d + c + T_comm - min(eta*a*sum s^2/d, T_comm); "
+                             "M(G,d) = m*sum s/d + static. See docs/cost_model.md.");
+  cost.def(kw_init<CostModel>());
+  Fields<CostModel>{cost, {}}
+      .add("name", &CostModel::name, "preset or user label")
+      .add("source", &CostModel::source, "where the coefficients come from, with the fit error")
+      .add("attn_coef", &CostModel::attn_coef, "a: seconds per token^2 of full-mask attention (whole step)")
+      .add("linear_coef", &CostModel::linear_coef, "b: seconds per token of linear work (whole step)")
+      .add("group_overhead", &CostModel::group_overhead, "c: fixed seconds per group")
+      .add("causal_factor", &CostModel::causal_factor, "eta for causal masks (about 0.5)")
+      .add("full_factor", &CostModel::full_factor, "eta for full masks (1)")
+      .add("kv_bytes_per_token", &CostModel::kv_bytes_per_token, "bytes per token per ring hop (whole step)")
+      .add("mem_per_token", &CostModel::mem_per_token, "m: activation bytes per token on a rank")
+      .add("mem_static", &CostModel::mem_static, "static bytes charged against the activation budget")
+      .done();
+  cost.def("validate", &CostModel::validate, "Raise ValueError naming the first bad coefficient.")
+      .def("token_capacity", &CostModel::token_capacity, py::arg("cluster"), "Tokens one rank can hold.")
+      .def("min_degree", &CostModel::min_degree, py::arg("tokens"), py::arg("cluster"))
+      .def(
+          "time",
+          [](const CostModel& c, const py::object& lengths, int d, const Cluster& cl, Mask mask, py::object crosses) {
+            GroupStats g;
+            for (auto len : to_int64_vector(lengths, "lengths")) g.add(len, c.eta(mask));
+            if (d < 1) throw InvalidArgument("degree must be >= 1, got " + std::to_string(d));
+            return crosses.is_none() ? c.time(g, d, cl) : c.time(g, d, crosses.cast<bool>(), cl);
+          },
+          py::arg("lengths"), py::arg("d"), py::arg("cluster"), py::arg("mask") = Mask::Causal,
+          py::arg("crosses_nodes") = py::none(),
+          "T(G,d) in seconds for a group of `lengths` (one mask) on d ranks; crosses_nodes defaults to d > node.");
+
+  m.def("preset_names", &preset_names, "Names of the built-in cost presets.");
+  m.def("preset", &preset, py::arg("name"), "A built-in cost preset; its `source` names the data and fit error.");
+
+  py::class_<FitReport>(m, "FitReport", "Least-squares fit quality (relative errors).")
+      .def_readonly("rms_relative_error", &FitReport::rms_relative_error)
+      .def_readonly("max_relative_error", &FitReport::max_relative_error)
+      .def_readonly("samples", &FitReport::samples)
+      .def("__repr__", [](const FitReport& r) {
+        return "FitReport(samples=" + std::to_string(r.samples) + ", rms_relative_error=" +
+               std::to_string(r.rms_relative_error) + ", max_relative_error=" + std::to_string(r.max_relative_error) + ")";
+      });
+  m.def(
+      "fit_compute",
+      [](const CostModel& base, const std::vector<std::vector<std::int64_t>>& lengths, const std::vector<int>& degrees,
+         const std::vector<double>& seconds, Mask mask) {
+        if (lengths.size() != degrees.size() || lengths.size() != seconds.size())
+          throw InvalidArgument("fit_compute: lengths, degrees and seconds must have the same number of samples");
+        std::vector<ComputeSample> s;
+        for (std::size_t i = 0; i < lengths.size(); ++i) s.push_back({lengths[i], degrees[i], seconds[i], mask});
+        FitReport rep;
+        CostModel out;
+        {
+          py::gil_scoped_release nogil;
+          out = fit_compute(base, s, &rep);
+        }
+        return py::make_tuple(out, rep);
+      },
+      py::arg("base"), py::arg("lengths"), py::arg("degrees"), py::arg("seconds"), py::arg("mask") = Mask::Causal,
+      "Least-squares fit of a, b, c from samples (group lengths, degree, seconds). Returns (CostModel, FitReport).");
+  m.def(
+      "fit_link",
+      [](const std::vector<double>& bytes, const std::vector<double>& seconds) {
+        if (bytes.size() != seconds.size()) throw InvalidArgument("fit_link: bytes and seconds differ in length");
+        std::vector<TransferSample> s;
+        for (std::size_t i = 0; i < bytes.size(); ++i) s.push_back({bytes[i], seconds[i]});
+        FitReport rep;
+        auto [lat, bw] = fit_link(s, &rep);
+        return py::make_tuple(lat, bw, rep);
+      },
+      py::arg("bytes"), py::arg("seconds"), "Fit t = latency + bytes/bandwidth. Returns (latency, bandwidth, FitReport).");
+}
+
+}  // namespace dynacp::py

@@ -1,0 +1,242 @@
+#include "common.hpp"
+#include "dynacp/model/error.hpp"
+#include "dynacp/sim/planner.hpp"
+#include "dynacp/solve/degrees.hpp"
+#include "dynacp/solve/evaluate.hpp"
+#include "dynacp/solve/packing.hpp"
+#include "dynacp/solve/placement.hpp"
+
+namespace dynacp::py {
+namespace {
+
+Batch make_batch(const py::object& lengths, const py::object& masks) {
+  Batch b(to_int64_vector(lengths, "lengths"));
+  if (!masks.is_none()) {
+    for (auto v : to_int64_vector(masks, "masks")) {
+      if (v != 0 && v != 1) throw InvalidArgument("masks must be 0 (causal) or 1 (full), got " + std::to_string(v));
+      b.masks.push_back(static_cast<Mask>(v));
+    }
+  }
+  return b;
+}
+
+template <class T> T get(const py::dict& d, const char* key, const char* where) {
+  if (!d.contains(key)) throw InvalidArgument(std::string(where) + " is missing the field '" + key + "'");
+  try {
+    return d[key].cast<T>();
+  } catch (const py::cast_error&) {
+    throw InvalidArgument(std::string(where) + " field '" + key + "' has the wrong type");
+  }
+}
+
+py::dict predicted_to_dict(const Predicted& p) {
+  py::dict d;
+  d["step_time"] = p.step_time;
+  d["lower_bound"] = p.lower_bound;
+  d["per_rank_time"] = p.per_rank_time;
+  d["peak_tokens_per_rank"] = p.peak_tokens_per_rank;
+  d["bubble_fraction"] = p.bubble_fraction;
+  return d;
+}
+
+py::dict plan_to_dict(const Plan& p) {
+  py::dict d;
+  d["version"] = p.version;
+  d["strategy"] = p.strategy;
+  d["num_ranks"] = p.num_ranks;
+  d["solve_ms"] = p.solve_ms;
+  py::list mbs;
+  for (const auto& slot : p.microbatches) {
+    py::list s;
+    for (const auto& g : slot) {
+      py::dict gd;
+      gd["ranks"] = g.ranks;
+      gd["sequences"] = g.sequences;
+      s.append(gd);
+    }
+    mbs.append(s);
+  }
+  d["microbatches"] = mbs;
+  d["predicted"] = predicted_to_dict(p.predicted);
+  return d;
+}
+
+Plan plan_from_dict(const py::dict& d) {
+  Plan p;
+  p.version = get<int>(d, "version", "plan");
+  if (p.version != Plan::kVersion)
+    throw InvalidArgument("plan version " + std::to_string(p.version) + " is not supported (expected " +
+                          std::to_string(Plan::kVersion) + ")");
+  p.strategy = get<std::string>(d, "strategy", "plan");
+  p.num_ranks = get<int>(d, "num_ranks", "plan");
+  p.solve_ms = d.contains("solve_ms") ? d["solve_ms"].cast<double>() : 0.0;
+  auto mbs = get<py::list>(d, "microbatches", "plan");
+  for (std::size_t m = 0; m < mbs.size(); ++m) {
+    std::vector<Group> slot;
+    py::list groups;
+    try {
+      groups = mbs[m].cast<py::list>();
+    } catch (const py::cast_error&) {
+      throw InvalidArgument("plan microbatch " + std::to_string(m) + " is not a list of groups");
+    }
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const std::string where = "plan microbatch " + std::to_string(m) + " group " + std::to_string(g);
+      py::dict gd;
+      try {
+        gd = groups[g].cast<py::dict>();
+      } catch (const py::cast_error&) {
+        throw InvalidArgument(where + " is not an object");
+      }
+      slot.push_back({get<std::vector<int>>(gd, "ranks", where.c_str()),
+                      get<std::vector<std::int64_t>>(gd, "sequences", where.c_str())});
+    }
+    p.microbatches.push_back(std::move(slot));
+  }
+  if (d.contains("predicted")) {
+    auto pd = d["predicted"].cast<py::dict>();
+    p.predicted.step_time = get<double>(pd, "step_time", "plan.predicted");
+    p.predicted.lower_bound = get<double>(pd, "lower_bound", "plan.predicted");
+    p.predicted.per_rank_time = get<std::vector<double>>(pd, "per_rank_time", "plan.predicted");
+    p.predicted.peak_tokens_per_rank = get<std::int64_t>(pd, "peak_tokens_per_rank", "plan.predicted");
+    if (pd.contains("bubble_fraction")) p.predicted.bubble_fraction = pd["bubble_fraction"].cast<double>();
+  }
+  return p;
+}
+
+}  // namespace
+
+void bind_solve(py::module_& m) {
+  py::enum_<CountPolicy>(m, "CountPolicy", "How many microbatches each pipeline runs")
+      .value("EQUAL", CountPolicy::Equal, "every rank runs the same number of microbatches (Megatron)")
+      .value("VARIABLE", CountPolicy::Variable, "ranks with cheaper microbatches run more of them (ByteScale HDP)");
+
+  py::class_<PlanOptions>(m, "PlanOptions", "Strategy and pipeline options of one planning call.")
+      .def(py::init([](std::string strategy, int pp, int vpp, CountPolicy count_policy) {
+             PlanOptions o;
+             o.strategy = std::move(strategy);
+             o.pp = pp;
+             o.vpp = vpp;
+             o.count_policy = count_policy;
+             return o;
+           }),
+           py::arg("strategy") = "fcp", py::arg("pp") = 1, py::arg("vpp") = 1,
+           py::arg("count_policy") = CountPolicy::Variable)
+      .def_readwrite("strategy", &PlanOptions::strategy, "registry name (see strategy_names())")
+      .def_readwrite("pp", &PlanOptions::pp, "pipeline stages per rank of the pool")
+      .def_readwrite("vpp", &PlanOptions::vpp, "virtual stages per pipeline stage")
+      .def_readwrite("count_policy", &PlanOptions::count_policy, "equal or variable microbatch counts")
+      .def("__repr__", [](const PlanOptions& o) {
+        return "PlanOptions(strategy='" + o.strategy + "', pp=" + std::to_string(o.pp) + ", vpp=" + std::to_string(o.vpp) +
+               ", count_policy=" + (o.count_policy == CountPolicy::Equal ? "EQUAL" : "VARIABLE") + ")";
+      });
+
+  py::class_<Group>(m, "Group", "One CP group: a ring of ranks over a THD pack of sequence ids.")
+      .def(py::init([](std::vector<int> ranks, std::vector<std::int64_t> sequences) { return Group{ranks, sequences}; }),
+           py::arg("ranks"), py::arg("sequences"))
+      .def_readwrite("ranks", &Group::ranks, "ring order; its length is the CP degree")
+      .def_readwrite("sequences", &Group::sequences, "input ids packed into this group")
+      .def_property_readonly("degree", &Group::degree)
+      .def(py::self == py::self)
+      .def("__repr__", [](const Group& g) {
+        return "Group(ranks=" + std::string(py::repr(py::cast(g.ranks))) + ", sequences=" +
+               std::string(py::repr(py::cast(g.sequences))) + ")";
+      });
+
+  py::class_<Predicted>(m, "Predicted", "Predicted timeline of a plan (seconds).")
+      .def_readonly("step_time", &Predicted::step_time)
+      .def_readonly("lower_bound", &Predicted::lower_bound)
+      .def_readonly("per_rank_time", &Predicted::per_rank_time)
+      .def_readonly("peak_tokens_per_rank", &Predicted::peak_tokens_per_rank)
+      .def_readonly("bubble_fraction", &Predicted::bubble_fraction)
+      .def_property_readonly("gap", [](const Predicted& p) { return p.lower_bound > 0 ? p.step_time / p.lower_bound - 1 : 0.0; },
+                             "step_time / lower_bound - 1")
+      .def("to_dict", &predicted_to_dict)
+      .def("__repr__", [](const Predicted& p) {
+        return "Predicted(step_time=" + std::to_string(p.step_time) + ", lower_bound=" + std::to_string(p.lower_bound) +
+               ", peak_tokens_per_rank=" + std::to_string(p.peak_tokens_per_rank) + ")";
+      });
+
+  py::class_<Plan>(m, "Plan", "Execution plan of one global batch (see docs/plan_format.md).")
+      .def_readonly("version", &Plan::version)
+      .def_readonly("strategy", &Plan::strategy)
+      .def_readonly("num_ranks", &Plan::num_ranks)
+      .def_readonly("solve_ms", &Plan::solve_ms)
+      .def_readonly("microbatches", &Plan::microbatches, "slots in run order; each a list of Group")
+      .def_readonly("predicted", &Plan::predicted)
+      .def("microbatches_of", &Plan::microbatches_of, py::arg("rank"), "Number of slots rank takes part in.")
+      .def("digest", &Plan::digest, "Stable 64-bit digest of the assignment (timings excluded).")
+      .def(
+          "validate",
+          [](const Plan& p, const py::object& lengths, const Cluster& c, const CostModel& cost, const py::object& masks) {
+            p.validate(make_batch(lengths, masks), c, cost);
+          },
+          py::arg("lengths"), py::arg("cluster"), py::arg("cost"), py::arg("masks") = py::none(),
+          "Check the invariants; raise ValueError describing the first violation.")
+      .def("to_dict", &plan_to_dict, "The fixed JSON-able plan format.")
+      .def_static("from_dict", &plan_from_dict, py::arg("d"), "Inverse of to_dict (structure only; call validate).")
+      .def(py::pickle([](const Plan& p) { return plan_to_dict(p); }, [](py::dict d) { return plan_from_dict(d); }))
+      .def("__repr__", [](const Plan& p) {
+        return "Plan(strategy='" + p.strategy + "', num_ranks=" + std::to_string(p.num_ranks) + ", microbatches=" +
+               std::to_string(p.microbatches.size()) + ", step_time=" + std::to_string(p.predicted.step_time) + ")";
+      });
+
+  m.def("strategy_names", &solve::strategy_names, "Registered strategy names in a fixed order.");
+  m.def("strategy_summaries", [] {
+    py::dict d;
+    for (const auto& s : solve::strategies()) d[s.name] = s.summary;
+    return d;
+  });
+
+  m.def(
+      "plan",
+      [](const py::object& lengths, const Cluster& cluster, const CostModel& cost, const PlanOptions& options,
+         const py::object& masks) {
+        Batch b = make_batch(lengths, masks);
+        py::gil_scoped_release nogil;
+        return plan(b, cluster, cost, options);
+      },
+      py::arg("lengths"), py::arg("cluster"), py::arg("cost"), py::arg("options"), py::arg("masks") = py::none(),
+      "Plan one global batch (releases the GIL).");
+  m.def(
+      "predict",
+      [](const Plan& p, const py::object& lengths, const Cluster& cluster, const CostModel& cost,
+         const PlanOptions& options, const py::object& masks) {
+        Batch b = make_batch(lengths, masks);
+        py::gil_scoped_release nogil;
+        return predict(p, b, cluster, cost, options);
+      },
+      py::arg("plan"), py::arg("lengths"), py::arg("cluster"), py::arg("cost"), py::arg("options"),
+      py::arg("masks") = py::none());
+  m.def(
+      "lower_bound",
+      [](const py::object& lengths, const Cluster& cluster, const CostModel& cost, const py::object& masks) {
+        return solve::lower_bound(make_batch(lengths, masks), cluster, cost);
+      },
+      py::arg("lengths"), py::arg("cluster"), py::arg("cost"), py::arg("masks") = py::none());
+
+  // Low-level pieces, exposed for tests and notebooks.
+  m.def(
+      "allocate_degrees",
+      [](const std::vector<std::vector<double>>& times, const std::vector<int>& min_degree, int ranks,
+         const std::string& method) {
+        solve::DegreeProblem p;
+        p.ranks = ranks;
+        p.min_degree = min_degree;
+        if (times.size() != min_degree.size()) throw InvalidArgument("times and min_degree differ in length");
+        for (std::size_t i = 0; i < times.size(); ++i)
+          if (static_cast<int>(times[i].size()) < ranks + 1)
+            throw InvalidArgument("times[" + std::to_string(i) + "] must have ranks + 1 entries (index = degree)");
+        p.time = [&times](std::size_t i, int d) { return times[i][static_cast<std::size_t>(d)]; };
+        solve::DegreeResult r;
+        if (method == "dp") r = solve::allocate_degrees_dp(p);
+        else if (method == "threshold") r = solve::allocate_degrees_threshold(p);
+        else if (method == "auto") r = solve::allocate_degrees(p);
+        else throw InvalidArgument("method must be 'dp', 'threshold' or 'auto', got '" + method + "'");
+        return py::make_tuple(r.degrees, r.makespan);
+      },
+      py::arg("times"), py::arg("min_degree"), py::arg("ranks"), py::arg("method") = "auto",
+      "Degree allocation on an explicit table times[i][d]. Returns (degrees, makespan).");
+  m.def("place_groups", &solve::place_groups, py::arg("degrees"), py::arg("cluster"));
+}
+
+}  // namespace dynacp::py

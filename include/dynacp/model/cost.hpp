@@ -1,0 +1,75 @@
+// Cost model: time and memory of a group of packed sequences running as one CP ring on d ranks.
+//
+//   T(G,d)   = T_compute + T_comm - min(T_attn, T_comm)
+//   T_compute = (eta * a * sum s^2 + b * sum s) / d + c       eta = causal_factor or full_factor per sequence
+//   T_attn    = eta * a * sum s^2 / d                          (the part the ring exchange overlaps with)
+//   T_comm    = (d - 1) * (latency + (sum s / d) * kv_bytes_per_token / bandwidth),   0 when d = 1
+//               latency/bandwidth are intra-node when all d ranks share a node, inter-node otherwise
+//   M(G,d)   = m * sum s / d + static                          must be <= Cluster::activation_budget
+//
+// All coefficients describe one whole training step of one microbatch (all layers, forward + backward).
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "dynacp/model/batch.hpp"
+#include "dynacp/model/cluster.hpp"
+
+namespace dynacp {
+
+/// Aggregate statistics of a group of sequences: all the cost model needs.
+struct GroupStats {
+  std::int64_t tokens = 0;     ///< sum s
+  double weighted_sq = 0.0;    ///< sum eta(s) * s^2
+  std::int64_t max_len = 0;    ///< longest member
+  std::int64_t count = 0;      ///< number of sequences
+
+  void add(std::int64_t len, double eta);
+  void remove(std::int64_t len, double eta);
+};
+
+struct CostModel {
+  // Defaults equal preset("bytescale-fig6a") (a test checks it); see docs/cost_model.md.
+  std::string name = "bytescale-fig6a";
+  std::string source = "ByteScale Fig. 6a, scaled to a 32-layer fwd+bwd step (see preset())";
+  double attn_coef = 1.7651565e-9;      ///< a: seconds per token^2 of full-mask attention (fwd+bwd, all layers)
+  double linear_coef = 3.4156556e-5;    ///< b: seconds per token of linear/MLP work (fwd+bwd, all layers)
+  double group_overhead = 8.2022295e-3; ///< c: fixed seconds per group (launches, synchronisation)
+  double causal_factor = 0.5;       ///< eta for causal masks
+  double full_factor = 1.0;         ///< eta for full (bidirectional) masks
+  /// Bytes per token per ring hop over the whole step: 8 KV heads x 128 dims x (K,V) x bf16 x 32 layers x 3
+  /// (forward sends KV; backward sends KV and dKV).
+  double kv_bytes_per_token = 8.0 * 128 * 2 * 2 * 32 * 3;
+  double mem_per_token = 2.44140625e6;  ///< m: activation bytes per token on a rank (40 GB holds 16,384 tokens)
+  double mem_static = 0.0;          ///< static bytes per rank charged against the activation budget
+
+  double eta(Mask m) const { return m == Mask::Full ? full_factor : causal_factor; }
+
+  /// Throws InvalidArgument for a negative, NaN or infinite coefficient (naming it), or mem_per_token <= 0.
+  void validate() const;
+
+  /// Tokens one rank can hold: floor((budget - static) / m). Throws if the budget cannot hold one token.
+  std::int64_t token_capacity(const Cluster& cluster) const;
+  /// Smallest CP degree whose per-rank share fits the budget: ceil(tokens / capacity).
+  int min_degree(std::int64_t tokens, const Cluster& cluster) const;
+
+  double compute_time(const GroupStats& g, int d) const;
+  double attn_time(const GroupStats& g, int d) const;
+  double comm_time(const GroupStats& g, int d, bool crosses_nodes, const Cluster& cluster) const;
+  /// T(G,d); crosses_nodes selects the inter-node link for the ring.
+  double time(const GroupStats& g, int d, bool crosses_nodes, const Cluster& cluster) const;
+  /// T(G,d) when the group is placed as compactly as possible: crosses nodes only if d > ranks_per_node.
+  double time(const GroupStats& g, int d, const Cluster& cluster) const;
+  /// Per-rank activation bytes M(G,d).
+  double memory(const GroupStats& g, int d) const;
+  /// Work of one sequence in rank-seconds when run alone on one rank without overheads: eta*a*s^2 + b*s.
+  double work(std::int64_t len, Mask mask) const;
+
+  std::string describe() const;
+};
+
+/// Stats of the sequences `ids` of `batch`.
+GroupStats group_stats(const Batch& batch, const CostModel& cost, std::span<const std::int64_t> ids);
+
+}  // namespace dynacp

@@ -1,0 +1,52 @@
+// The execution plan of one global batch: the one type every strategy returns.
+//
+// microbatches[m] is slot m, run in this order by every rank listed in it. Each slot holds CP groups; a group
+// is a ring of ranks (its size is its CP degree, any integer >= 1) over a THD pack of sequence ids.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dynacp/model/batch.hpp"
+#include "dynacp/model/cluster.hpp"
+#include "dynacp/model/cost.hpp"
+
+namespace dynacp {
+
+struct Group {
+  std::vector<int> ranks;                ///< ring order; size() is the CP degree
+  std::vector<std::int64_t> sequences;   ///< input ids packed into this group
+  int degree() const { return static_cast<int>(ranks.size()); }
+  bool operator==(const Group&) const = default;
+};
+
+struct Predicted {
+  double step_time = 0.0;                 ///< seconds until the last rank finishes
+  double lower_bound = 0.0;               ///< no plan of this batch can be faster (seconds)
+  std::vector<double> per_rank_time;      ///< busy seconds per rank
+  std::int64_t peak_tokens_per_rank = 0;  ///< largest per-rank token share in any group
+  // Extensions (later format additions never remove fields above).
+  double bubble_fraction = 0.0;           ///< idle share of step_time x P (pipeline bubbles + imbalance)
+  bool operator==(const Predicted&) const = default;
+};
+
+struct Plan {
+  static constexpr int kVersion = 1;
+  int version = kVersion;
+  std::string strategy;
+  int num_ranks = 0;
+  double solve_ms = 0.0;
+  std::vector<std::vector<Group>> microbatches;
+  Predicted predicted;
+
+  /// Number of slots rank r takes part in.
+  int microbatches_of(int rank) const;
+  /// Checks the invariants; throws InvalidArgument describing the first violation:
+  /// every id in [0, n) exactly once, ranks in [0, P) and at most once per slot, no empty group, and every
+  /// group's per-rank share ceil(sum s / d) within the token capacity of `cost` on `cluster`.
+  void validate(const Batch& batch, const Cluster& cluster, const CostModel& cost) const;
+  /// A stable 64-bit FNV-1a digest of the assignment (strategy, ranks, slots, groups); excludes timings.
+  std::uint64_t digest() const;
+};
+
+}  // namespace dynacp

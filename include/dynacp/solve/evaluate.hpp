@@ -1,0 +1,15 @@
+// Plan evaluation without pipelines: per-rank timelines where a group starts when all its ranks are free.
+#pragma once
+#include "dynacp/model/plan.hpp"
+
+namespace dynacp::solve {
+
+/// Predicted step time, busy time per rank, peak tokens per rank and bubble fraction of `plan`; the lower bound
+/// is filled from lower_bound().
+Predicted evaluate(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost);
+
+/// max(sum of work / P, max over sequences of the best time of that sequence alone on any feasible degree).
+/// No plan can be faster under `cost`.
+double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost);
+
+}  // namespace dynacp::solve

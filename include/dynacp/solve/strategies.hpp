@@ -1,0 +1,42 @@
+// Strategy registry: name -> solver; every solver returns the same Plan type.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "dynacp/model/plan.hpp"
+
+namespace dynacp {
+
+/// How many microbatches each pipeline runs.
+enum class CountPolicy { Equal, Variable };
+
+struct PlanOptions {
+  std::string strategy = "fcp";              ///< registry name, see strategy_names()
+  int pp = 1;                                ///< pipeline stages per rank of the pool
+  int vpp = 1;                               ///< virtual stages per pipeline stage (interleaved 1F1B)
+  CountPolicy count_policy = CountPolicy::Variable;  ///< equal or per-rank microbatch counts (pp > 1)
+  void validate() const;
+};
+
+namespace solve {
+
+/// A strategy fills `microbatches` (and may fill `predicted`); the caller times, evaluates and validates it.
+using StrategyFn = Plan (*)(const Batch&, const Cluster&, const CostModel&, const PlanOptions&);
+
+struct StrategyInfo {
+  const char* name;
+  StrategyFn fn;
+  const char* summary;
+};
+
+/// All registered strategies in a fixed order.
+const std::vector<StrategyInfo>& strategies();
+std::vector<std::string> strategy_names();
+/// Throws InvalidArgument naming the known strategies if `name` is not registered.
+const StrategyInfo& find_strategy(const std::string& name);
+
+Plan packing(const Batch&, const Cluster&, const CostModel&, const PlanOptions&);
+Plan fcp(const Batch&, const Cluster&, const CostModel&, const PlanOptions&);
+
+}  // namespace solve
+}  // namespace dynacp

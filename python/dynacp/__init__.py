@@ -1,0 +1,48 @@
+"""dynacp: load balancing for variable-length LLM training over DP x CP rank pools.
+
+The C++ core (``dynacp._core``) holds the cost model, the solvers and the CPU runtime; this package is the glue:
+configs, the planning API, the CLI, plots and the PyTorch integration.
+"""
+
+from __future__ import annotations
+
+import os as _os
+
+# Development builds: `DYNACP_EXT_DIR=<cmake build>/python` makes the freshly built extension importable
+# without installing (see docs/development.md).
+if _os.environ.get("DYNACP_EXT_DIR"):
+    __path__.append(_os.environ["DYNACP_EXT_DIR"])  # type: ignore[name-defined]  # noqa: F821
+
+from dynacp._core import (  # noqa: E402
+    Cluster,
+    CostModel,
+    CountPolicy,
+    Group,
+    Mask,
+    Plan,
+    PlanOptions,
+    Predicted,
+    preset,
+    preset_names,
+    strategy_names,
+)
+from dynacp.api import lower_bound, plan, predict  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cluster",
+    "CostModel",
+    "CountPolicy",
+    "Group",
+    "Mask",
+    "Plan",
+    "PlanOptions",
+    "Predicted",
+    "lower_bound",
+    "plan",
+    "predict",
+    "preset",
+    "preset_names",
+    "strategy_names",
+]

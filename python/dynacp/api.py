@@ -1,0 +1,106 @@
+"""Planning API: numpy arrays in, :class:`dynacp.Plan` out."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import numpy as np
+
+from dynacp import _core
+
+ArrayLike = Union[np.ndarray, list, tuple]
+
+
+def _as_lengths(lengths: ArrayLike) -> np.ndarray:
+    arr = np.asarray(lengths)
+    if arr.ndim != 1:
+        raise ValueError(f"lengths must be a 1-D array, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
+        else:
+            raise ValueError(f"lengths must be integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+def _as_masks(masks: Optional[ArrayLike], n: int) -> Optional[np.ndarray]:
+    if masks is None:
+        return None
+    arr = np.asarray(masks)
+    if arr.dtype == bool:
+        arr = arr.astype(np.int64)
+    if arr.shape != (n,):
+        raise ValueError(f"masks must have one entry per sequence ({n}), got shape {arr.shape}")
+    return arr.astype(np.int64)
+
+
+def plan(
+    lengths: ArrayLike,
+    cluster: Optional[_core.Cluster] = None,
+    cost: Optional[_core.CostModel] = None,
+    strategy: str = "fcp",
+    *,
+    masks: Optional[ArrayLike] = None,
+    pp: int = 1,
+    vpp: int = 1,
+    count_policy: Union[str, _core.CountPolicy] = "variable",
+) -> _core.Plan:
+    """Plan one global batch.
+
+    Args:
+        lengths: sequence lengths (int64, any order); sequence ids are positions in this array.
+        cluster: the DP x CP rank pool; defaults to ``Cluster()`` (64 ranks, 8 per node).
+        cost: cost model; defaults to ``CostModel()`` (the ``bytescale-fig6a`` preset).
+        strategy: a name from :func:`dynacp.strategy_names`.
+        masks: optional per-sequence mask, 0 = causal, 1 = full (bidirectional); default all causal.
+        pp, vpp: pipeline stages per rank and virtual stages per stage.
+        count_policy: ``"equal"`` or ``"variable"`` microbatch counts per rank (pipeline strategies).
+
+    Returns:
+        A validated :class:`dynacp.Plan` with ``predicted`` filled.
+
+    Raises:
+        ValueError: bad input, naming the offender (e.g. a sequence longer than the pool holds).
+    """
+    arr = _as_lengths(lengths)
+    policy = _count_policy(count_policy)
+    options = _core.PlanOptions(strategy=strategy, pp=pp, vpp=vpp, count_policy=policy)
+    return _core.plan(arr, cluster or _core.Cluster(), cost or _core.CostModel(), options, _as_masks(masks, arr.size))
+
+
+def predict(
+    plan_: _core.Plan,
+    lengths: ArrayLike,
+    cluster: Optional[_core.Cluster] = None,
+    cost: Optional[_core.CostModel] = None,
+    *,
+    masks: Optional[ArrayLike] = None,
+    pp: int = 1,
+    vpp: int = 1,
+) -> _core.Predicted:
+    """Re-predict an existing plan (e.g. one read from JSON) under a cost model."""
+    arr = _as_lengths(lengths)
+    options = _core.PlanOptions(strategy=plan_.strategy, pp=pp, vpp=vpp)
+    return _core.predict(plan_, arr, cluster or _core.Cluster(), cost or _core.CostModel(), options,
+                         _as_masks(masks, arr.size))
+
+
+def lower_bound(
+    lengths: ArrayLike,
+    cluster: Optional[_core.Cluster] = None,
+    cost: Optional[_core.CostModel] = None,
+    *,
+    masks: Optional[ArrayLike] = None,
+) -> float:
+    """Seconds no plan of this batch can beat: max(total work / P, best time of the longest sequence)."""
+    arr = _as_lengths(lengths)
+    return _core.lower_bound(arr, cluster or _core.Cluster(), cost or _core.CostModel(), _as_masks(masks, arr.size))
+
+
+def _count_policy(value: Union[str, _core.CountPolicy]) -> _core.CountPolicy:
+    if isinstance(value, _core.CountPolicy):
+        return value
+    names = {"equal": _core.CountPolicy.EQUAL, "variable": _core.CountPolicy.VARIABLE}
+    if value not in names:
+        raise ValueError(f"count_policy must be one of {sorted(names)}, got {value!r}")
+    return names[value]

@@ -1,0 +1,1 @@
+"""Subcommands of the dynacp CLI (one module each)."""

@@ -1,0 +1,98 @@
+#include "dynacp/model/cost.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "dynacp/model/error.hpp"
+
+namespace dynacp {
+
+void GroupStats::add(std::int64_t len, double eta) {
+  tokens += len;
+  weighted_sq += eta * static_cast<double>(len) * static_cast<double>(len);
+  max_len = std::max(max_len, len);
+  ++count;
+}
+
+void GroupStats::remove(std::int64_t len, double eta) {
+  // max_len is an upper bound after removal; callers that need it exact recompute the stats.
+  tokens -= len;
+  weighted_sq -= eta * static_cast<double>(len) * static_cast<double>(len);
+  --count;
+}
+
+void CostModel::validate() const {
+  auto check = [](const char* field, double v) {
+    if (!std::isfinite(v) || v < 0)
+      invalid("CostModel.", field, " is ", v, "; cost coefficients must be finite and >= 0");
+  };
+  check("attn_coef", attn_coef);
+  check("linear_coef", linear_coef);
+  check("group_overhead", group_overhead);
+  check("causal_factor", causal_factor);
+  check("full_factor", full_factor);
+  check("kv_bytes_per_token", kv_bytes_per_token);
+  check("mem_per_token", mem_per_token);
+  check("mem_static", mem_static);
+  if (!(mem_per_token > 0)) invalid("CostModel.mem_per_token is ", mem_per_token, "; it must be > 0");
+}
+
+std::int64_t CostModel::token_capacity(const Cluster& cluster) const {
+  const double cap = std::floor((cluster.activation_budget - mem_static) / mem_per_token);
+  if (!(cap >= 1))
+    invalid("activation budget ", cluster.activation_budget, " B minus static ", mem_static,
+            " B cannot hold one token at ", mem_per_token, " B/token; raise Cluster.activation_budget");
+  return static_cast<std::int64_t>(std::min(cap, 9.0e18));
+}
+
+int CostModel::min_degree(std::int64_t tokens, const Cluster& cluster) const {
+  const std::int64_t cap = token_capacity(cluster);
+  const std::int64_t d = (tokens + cap - 1) / cap;
+  return static_cast<int>(std::min<std::int64_t>(std::max<std::int64_t>(d, 1), 1 << 30));
+}
+
+double CostModel::compute_time(const GroupStats& g, int d) const {
+  return (attn_coef * g.weighted_sq + linear_coef * static_cast<double>(g.tokens)) / d + group_overhead;
+}
+
+double CostModel::attn_time(const GroupStats& g, int d) const { return attn_coef * g.weighted_sq / d; }
+
+double CostModel::comm_time(const GroupStats& g, int d, bool crosses, const Cluster& c) const {
+  if (d <= 1) return 0.0;
+  const double lat = crosses ? c.inter_node_latency : c.intra_node_latency;
+  const double bw = crosses ? c.inter_node_bandwidth : c.intra_node_bandwidth;
+  return (d - 1) * (lat + static_cast<double>(g.tokens) / d * kv_bytes_per_token / bw);
+}
+
+double CostModel::time(const GroupStats& g, int d, bool crosses, const Cluster& c) const {
+  const double comm = comm_time(g, d, crosses, c);
+  return compute_time(g, d) + comm - std::min(attn_time(g, d), comm);
+}
+
+double CostModel::time(const GroupStats& g, int d, const Cluster& c) const {
+  return time(g, d, d > c.ranks_per_node, c);
+}
+
+double CostModel::memory(const GroupStats& g, int d) const {
+  return mem_per_token * static_cast<double>(g.tokens) / d + mem_static;
+}
+
+double CostModel::work(std::int64_t len, Mask mask) const {
+  const double s = static_cast<double>(len);
+  return eta(mask) * attn_coef * s * s + linear_coef * s;
+}
+
+std::string CostModel::describe() const {
+  return detail::cat("CostModel(name='", name, "', attn_coef=", attn_coef, ", linear_coef=", linear_coef,
+                     ", group_overhead=", group_overhead, ", causal_factor=", causal_factor,
+                     ", full_factor=", full_factor, ", kv_bytes_per_token=", kv_bytes_per_token,
+                     ", mem_per_token=", mem_per_token, ", mem_static=", mem_static, ")");
+}
+
+GroupStats group_stats(const Batch& batch, const CostModel& cost, std::span<const std::int64_t> ids) {
+  GroupStats g;
+  for (auto id : ids) g.add(batch.lengths[static_cast<std::size_t>(id)], cost.eta(batch.mask(static_cast<std::size_t>(id))));
+  return g;
+}
+
+}  // namespace dynacp

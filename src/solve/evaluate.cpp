@@ -1,0 +1,58 @@
+#include "dynacp/solve/evaluate.hpp"
+
+#include <algorithm>
+
+#include "dynacp/solve/placement.hpp"
+
+namespace dynacp::solve {
+
+Predicted evaluate(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost) {
+  Predicted p;
+  const auto P = static_cast<std::size_t>(cluster.num_ranks);
+  std::vector<double> free(P, 0.0);
+  p.per_rank_time.assign(P, 0.0);
+  for (const auto& slot : plan.microbatches) {
+    for (const auto& g : slot) {
+      const GroupStats st = group_stats(batch, cost, g.sequences);
+      const int d = g.degree();
+      double start = 0.0;
+      for (int r : g.ranks) start = std::max(start, free[static_cast<std::size_t>(r)]);
+      const double t = cost.time(st, d, crosses_nodes(g.ranks, cluster), cluster);
+      for (int r : g.ranks) {
+        free[static_cast<std::size_t>(r)] = start + t;
+        p.per_rank_time[static_cast<std::size_t>(r)] += t;
+      }
+      p.peak_tokens_per_rank = std::max(p.peak_tokens_per_rank, (st.tokens + d - 1) / d);
+    }
+  }
+  p.step_time = *std::max_element(free.begin(), free.end());
+  double busy = 0.0;
+  for (double t : p.per_rank_time) busy += t;
+  p.bubble_fraction = p.step_time > 0 ? 1.0 - busy / (p.step_time * static_cast<double>(P)) : 0.0;
+  p.lower_bound = lower_bound(batch, cluster, cost);
+  return p;
+}
+
+double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost) {
+  // The best time of a sequence alone grows with its length (for a given mask), so only the longest sequence
+  // of each mask kind can set the second term.
+  double work = 0.0, longest = 0.0;
+  std::int64_t max_len[2] = {0, 0};
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    work += cost.work(batch.lengths[i], batch.mask(i));
+    auto& m = max_len[static_cast<int>(batch.mask(i))];
+    m = std::max(m, batch.lengths[i]);
+  }
+  for (int k = 0; k < 2; ++k) {
+    if (max_len[k] == 0) continue;
+    GroupStats g;
+    g.add(max_len[k], cost.eta(static_cast<Mask>(k)));
+    const int dmin = cost.min_degree(max_len[k], cluster);
+    double best = cost.time(g, dmin, cluster);
+    for (int d = dmin + 1; d <= cluster.num_ranks; ++d) best = std::min(best, cost.time(g, d, cluster));
+    longest = std::max(longest, best);
+  }
+  return std::max(work / cluster.num_ranks, longest);
+}
+
+}  // namespace dynacp::solve
