@@ -1,0 +1,90 @@
+"""The dynacp CLI: compare prints the table (fcp faster than packing), plan writes valid JSON, errors are named."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dynacp
+from dynacp import distributions
+from dynacp.cli import main
+
+
+def test_compare_default_distribution_fcp_beats_packing(capsys) -> None:
+    assert main(["compare", "--batches", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "gap to LB" in out and "lower bound" in out
+    assert main(["compare", "--batches", "3", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["fcp"]["step_time"] < res["packing"]["step_time"]
+    assert res["fcp"]["speedup_vs_packing"] > 1.0
+    assert res["fcp"]["gap_to_lower_bound"] >= 0.0
+    assert set(res) == set(dynacp.strategy_names())
+
+
+def test_compare_on_a_lengths_file(tmp_path, capsys) -> None:
+    f = tmp_path / "lengths.txt"
+    f.write_text("\n".join(str(x) for x in [100, 5000, 20000, 300] * 50))
+    assert main(["compare", "--lengths", str(f), "--gbs", "64", "--batches", "2", "--json",
+                 "--strategies", "fcp,packing"]) == 0
+    assert set(json.loads(capsys.readouterr().out)) == {"fcp", "packing"}
+    npy = tmp_path / "lengths.npy"
+    np.save(npy, np.array([100, 200, 300]))
+    assert main(["compare", "--lengths", str(npy), "--gbs", "3", "--batches", "1", "--json"]) == 0
+
+
+def test_plan_writes_a_valid_plan(tmp_path) -> None:
+    f = tmp_path / "lengths.txt"
+    lengths = [7000, 300, 12000, 50, 900]
+    f.write_text("\n".join(map(str, lengths)) + "\n")
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--lengths", str(f), "--strategy", "fcp", "--out", str(out), "--ranks", "8"]) == 0
+    d = json.loads(out.read_text())
+    p = dynacp.Plan.from_dict(d)
+    cost = dynacp.CostModel()
+    p.validate(np.array(lengths), dynacp.Cluster(num_ranks=8, activation_budget=16384 * cost.mem_per_token), cost)
+
+
+@pytest.mark.parametrize("content, match", [("12\nabc\n", ":2:"), ("5\n-1\n", "must be >= 1"), ("", "no lengths")])
+def test_malformed_length_files_are_named(tmp_path, capsys, content, match) -> None:
+    f = tmp_path / "bad.txt"
+    f.write_text(content)
+    assert main(["compare", "--lengths", str(f), "--batches", "1"]) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_bad_cluster_flags(capsys) -> None:
+    assert main(["compare", "--ranks", "12", "--ranks-per-node", "8"]) == 2
+    assert "does not divide" in capsys.readouterr().err
+    assert main(["compare", "--strategies", "fcp,nope"]) == 2
+    assert "unknown strategy" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point() -> None:
+    r = subprocess.run([sys.executable, "-m", "dynacp", "compare", "--batches", "1", "--gbs", "64"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "fcp" in r.stdout
+
+
+def test_distributions_are_capped_and_named() -> None:
+    rng = np.random.default_rng(0)
+    for name in distributions.names():
+        d = distributions.get(name)
+        x = d.sample(5000, rng)
+        assert x.dtype == np.int64 and x.min() >= 1 and x.max() <= d.context
+        assert d.source
+    with pytest.raises(ValueError, match="unknown length distribution"):
+        distributions.get("nope")
+
+
+def test_wikipedia_table_matches_the_public_file(shared_data) -> None:
+    x = distributions.sample("wikipedia", 400_000, np.random.default_rng(1))
+    s = distributions.summary(x)
+    # published: median 347, mean 1,014 (before the 128K cap), 27.5 % of tokens from documents >= 8K
+    assert 330 <= s["p50"] <= 365
+    assert 0.25 <= s["tokens_ge_8k"] <= 0.30
