@@ -15,7 +15,9 @@ void bind_model(py::module_& m);
 void bind_solve(py::module_& m);
 void bind_sim(py::module_& m);
 void bind_runtime(py::module_& m);
+void bind_pipeline(py::module_& m);
 
 /// Copies a 1-D integer array-like into int64 values, naming `what` in errors.
 std::vector<std::int64_t> to_int64_vector(const py::handle& obj, const char* what);
+void bind_balance(py::module_& m);
 }  // namespace dynacp::py

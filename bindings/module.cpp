@@ -24,6 +24,8 @@ PYBIND11_MODULE(_core, m) {
   // InvalidArgument derives from std::invalid_argument -> ValueError; Error from std::runtime_error -> RuntimeError.
   dynacp::py::bind_model(m);
   dynacp::py::bind_solve(m);
+  dynacp::py::bind_balance(m);
   dynacp::py::bind_sim(m);
   dynacp::py::bind_runtime(m);
+  dynacp::py::bind_pipeline(m);
 }

@@ -18,5 +18,10 @@ PY=${PYTHON:-python3}
 $PY -m pip install -q --upgrade pip
 $PY -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.13" "numpy>=1.26" pytest matplotlib tqdm ruff "torch==2.13.0"
 
+# NCCL headers and library for the CUDA runtime's NCCL backend, when a CUDA compiler is present (compile-only here).
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  $PY -c "import nvidia.nccl" 2>/dev/null || $PY -m pip install -q nvidia-nccl-cu13
+fi
+
 # Build and install dynacp itself (incremental: the CMake build tree persists under build/).
 $PY -m pip install -q --no-build-isolation ${DYNACP_PIP_ARGS:-} .

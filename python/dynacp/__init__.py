@@ -27,6 +27,7 @@ from dynacp._core import (  # noqa: E402
     strategy_names,
 )
 from dynacp.api import lower_bound, plan, predict  # noqa: E402
+from dynacp.balance import balance, balance_lower_bound  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -39,6 +40,8 @@ __all__ = [
     "Plan",
     "PlanOptions",
     "Predicted",
+    "balance",
+    "balance_lower_bound",
     "lower_bound",
     "plan",
     "predict",

@@ -1,16 +1,63 @@
 #include "dynacp/sim/planner.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "dynacp/model/error.hpp"
+#include "dynacp/sim/pipeline.hpp"
 #include "dynacp/solve/evaluate.hpp"
+#include "dynacp/solve/placement.hpp"
 
 namespace dynacp {
 
+double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options) {
+  const auto [avg, longest] = solve::lower_bound_terms(batch, cluster, cost);
+  if (options.pp <= 1) return std::max(avg, longest);
+  // A microbatch crosses all stages forward and back, so the hardest sequence still takes its whole time.
+  // Each GPU of a pipeline does 1/pp of its pipeline's work (at least sum work / P plus one group overhead),
+  // and the last stage cannot start before the smallest possible microbatch has gone forward through the
+  // pp - 1 stages before it (forward = 1/3 of a microbatch's time).
+  double work = 0.0, wmin = -1.0;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const double w = cost.work(batch.lengths[i], batch.mask(i));
+    work += w;
+    wmin = wmin < 0 ? w : std::min(wmin, w);
+  }
+  const double pp = options.pp;
+  const double per_gpu = (work / cluster.num_ranks + cost.group_overhead) / pp;
+  const double fill = (pp - 1) * (cost.group_overhead + wmin) / (3 * pp);
+  return std::max(longest, per_gpu + fill);
+}
+
 Predicted predict(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
                   const PlanOptions& options) {
-  (void)options;  // pipeline-aware prediction (pp > 1) is layered on here
-  return solve::evaluate(plan, batch, cluster, cost);
+  Predicted p = solve::evaluate(plan, batch, cluster, cost);
+  p.lower_bound = lower_bound(batch, cluster, cost, options);
+  if (options.pp <= 1) return p;
+  sim::PipelineProblem prob;
+  prob.num_ranks = cluster.num_ranks;
+  prob.pp = options.pp;
+  prob.vpp = options.vpp;
+  prob.rank_microbatches.resize(static_cast<std::size_t>(cluster.num_ranks));
+  const double chunks = static_cast<double>(options.pp) * options.vpp;
+  for (const auto& slot : plan.microbatches)
+    for (const auto& g : slot) {
+      const GroupStats st = group_stats(batch, cost, g.sequences);
+      const double t = cost.time(st, g.degree(), solve::crosses_nodes(g.ranks, cluster), cluster);
+      const int id = static_cast<int>(prob.group_ranks.size());
+      prob.group_ranks.push_back(g.ranks);
+      prob.group_forward.push_back(t / (3 * chunks));
+      prob.group_backward.push_back(2 * t / (3 * chunks));
+      prob.group_memory.push_back(cost.mem_per_token * static_cast<double>((st.tokens + g.degree() - 1) / g.degree()) /
+                                  chunks);
+      for (int r : g.ranks) prob.rank_microbatches[static_cast<std::size_t>(r)].push_back(id);
+    }
+  const sim::PipelineResult res = sim::simulate(prob);
+  p.step_time = res.step_time;
+  p.bubble_fraction = res.bubble_fraction;
+  for (std::size_t r = 0; r < p.per_rank_time.size(); ++r) p.per_rank_time[r] = res.busy[r] / options.pp;
+  return p;
 }
 
 Plan plan(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options) {
@@ -25,8 +72,16 @@ Plan plan(const Batch& batch, const Cluster& cluster, const CostModel& cost, con
       invalid("sequence ", i, " has ", batch.lengths[i], " tokens but the whole pool of ", cluster.num_ranks,
               " ranks holds at most ", cap * cluster.num_ranks, " (", cap, " per rank)");
 
+  PlanOptions opts = options;
+  opts.score = [&](const Plan& p) {
+    try {
+      return predict(p, batch, cluster, cost, options).step_time;
+    } catch (const Error&) {  // e.g. a pipelined plan whose shared groups would deadlock under 1F1B
+      return std::numeric_limits<double>::infinity();
+    }
+  };
   const auto t0 = std::chrono::steady_clock::now();
-  Plan out = strategy.fn(batch, cluster, cost, options);
+  Plan out = strategy.fn(batch, cluster, cost, opts);
   out.solve_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   out.strategy = strategy.name;
   out.num_ranks = cluster.num_ranks;

@@ -34,6 +34,11 @@ Predicted evaluate(const Plan& plan, const Batch& batch, const Cluster& cluster,
 }
 
 double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost) {
+  const auto [avg, longest] = lower_bound_terms(batch, cluster, cost);
+  return std::max(avg, longest);
+}
+
+std::pair<double, double> lower_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost) {
   // The best time of a sequence alone grows with its length (for a given mask), so only the longest sequence
   // of each mask kind can set the second term.
   double work = 0.0, longest = 0.0;
@@ -52,7 +57,7 @@ double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& 
     for (int d = dmin + 1; d <= cluster.num_ranks; ++d) best = std::min(best, cost.time(g, d, cluster));
     longest = std::max(longest, best);
   }
-  return std::max(work / cluster.num_ranks, longest);
+  return {work / cluster.num_ranks, longest};
 }
 
 }  // namespace dynacp::solve

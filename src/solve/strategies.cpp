@@ -72,6 +72,12 @@ const std::vector<StrategyInfo>& strategies() {
       {"packing", &packing,
        "static CP (smallest degree that holds the longest sequence), first-fit packs dealt to DP replicas"},
       {"fcp", &fcp, "FCP: memory-aware BFD atomic groups, 2D DP over any-integer CP degrees, waves"},
+      {"megatron", &megatron,
+       "Megatron-Core packing-aware dynamic CP: power-of-two aligned groups, greedy global-max scoring, equal counts"},
+      {"bytescale", &bytescale,
+       "ByteScale HDP balance scheduler: any rank count per sequence, FLOP-equal buckets, variable counts"},
+      {"dynacp", &dynacp,
+       "time-driven joint CP degree, packing and placement with local search; never worse than the others"},
   };
   return registry;
 }

@@ -1,5 +1,7 @@
 // Plan evaluation without pipelines: per-rank timelines where a group starts when all its ranks are free.
 #pragma once
+#include <utility>
+
 #include "dynacp/model/plan.hpp"
 
 namespace dynacp::solve {
@@ -11,5 +13,8 @@ Predicted evaluate(const Plan& plan, const Batch& batch, const Cluster& cluster,
 /// max(sum of work / P, max over sequences of the best time of that sequence alone on any feasible degree).
 /// No plan can be faster under `cost`.
 double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost);
+
+/// The two terms of lower_bound: {sum of work / P, best time of the hardest sequence alone}.
+std::pair<double, double> lower_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost);
 
 }  // namespace dynacp::solve

@@ -1,5 +1,6 @@
 // Strategy registry: name -> solver; every solver returns the same Plan type.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,9 @@ struct PlanOptions {
   int pp = 1;                                ///< pipeline stages per rank of the pool
   int vpp = 1;                               ///< virtual stages per pipeline stage (interleaved 1F1B)
   CountPolicy count_policy = CountPolicy::Variable;  ///< equal or per-rank microbatch counts (pp > 1)
+  /// How strategies that weigh several candidate plans score them (lower is better). dynacp::plan sets it to the
+  /// full prediction (pipeline simulator when pp > 1); empty means the group-timeline step time.
+  std::function<double(const Plan&)> score;
   void validate() const;
 };
 
@@ -37,6 +41,9 @@ const StrategyInfo& find_strategy(const std::string& name);
 
 Plan packing(const Batch&, const Cluster&, const CostModel&, const PlanOptions&);
 Plan fcp(const Batch&, const Cluster&, const CostModel&, const PlanOptions&);
+Plan megatron(const Batch&, const Cluster&, const CostModel&, const PlanOptions&);
+Plan bytescale(const Batch&, const Cluster&, const CostModel&, const PlanOptions&);
+Plan dynacp(const Batch&, const Cluster&, const CostModel&, const PlanOptions&);
 
 }  // namespace solve
 }  // namespace dynacp

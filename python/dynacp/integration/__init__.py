@@ -1,0 +1,29 @@
+"""Training-loop integration: a Megatron-style data-iterator wrapper over dynacp plans, loss/FLOPs helpers,
+and attention entry points for packed zigzag-CP microbatches. See docs/integration.md."""
+
+from dynacp.integration.attention import (
+    allgather_kv_attention,
+    cp_attention,
+    reference_attention,
+    ring_attention_available,
+)
+from dynacp.integration.config import CPGroupPool, Planner, ProcessGroups, make_process_groups
+from dynacp.integration.layout import padded_length, zigzag_chunk_rows, zigzag_global_rows, zigzag_rows
+from dynacp.integration.loss import finalize_grads, gpt_flops, masked_token_loss, reduce_num_tokens, report_loss
+from dynacp.integration.packed import PackedSeqParams, make_packed_seq_params, megatron_packed_seq_params_class
+from dynacp.integration.wrapper import (
+    FIELDS,
+    DynamicCPDataIterator,
+    GlobalBatch,
+    PlanMismatchError,
+    get_wrapper,
+    split_samples,
+    wrap_data_iterator,
+)
+
+__all__ = [
+    "CPGroupPool", "DynamicCPDataIterator", "FIELDS", "GlobalBatch", "PackedSeqParams", "PlanMismatchError", "Planner", "ProcessGroups",
+    "allgather_kv_attention", "cp_attention", "finalize_grads", "get_wrapper", "gpt_flops", "make_process_groups",
+    "make_packed_seq_params", "masked_token_loss", "megatron_packed_seq_params_class", "padded_length", "reduce_num_tokens", "reference_attention", "report_loss",
+    "ring_attention_available", "split_samples", "wrap_data_iterator", "zigzag_chunk_rows", "zigzag_global_rows", "zigzag_rows",
+]

@@ -1,0 +1,213 @@
+"""Configuration objects of the training-loop integration: what to plan (:class:`Planner`) and over which process
+groups (:class:`ProcessGroups`). Both are passed in explicitly; nothing is read from global parallel state."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch.distributed as dist
+
+import dynacp
+
+
+@dataclass
+class Planner:
+    """How each global batch is planned. Every rank of the DP x CP pool must hold an equal Planner.
+
+    Every rank plans the same gathered lengths with the same deterministic C++ solver, so all ranks hold the same
+    plan without shipping it; the plan digest (and this config's fingerprint) is compared across the pool and a
+    mismatch raises :class:`PlanMismatchError` on every rank.
+    """
+
+    strategy: str = "fcp"
+    """Scheduler strategy, a name from :func:`dynacp.strategy_names` (e.g. ``"fcp"``, ``"packing"``)."""
+    cluster: Optional[dynacp.Cluster] = None
+    """The DP x CP pool as the cost model sees it. ``num_ranks`` must equal the pool size; ``None`` builds
+    ``Cluster(num_ranks=pool size, ranks_per_node=pool size)`` with default budgets."""
+    cost: Optional[dynacp.CostModel] = None
+    """Cost model (time and activation memory per token); ``None`` uses ``dynacp.CostModel()``."""
+    pp: int = 1
+    """Pipeline stages the plan is made for (the scheduler's ``pp``)."""
+    vpp: int = 1
+    """Virtual pipeline stages per stage (the scheduler's ``vpp``)."""
+    count_policy: str = "variable"
+    """``"equal"``: every rank runs the same number of microbatches; ``"variable"``: counts may differ per rank."""
+    timeout: float = 300.0
+    """Seconds any collective of the wrapper may take (group creation, p2p, object gathers) before failing."""
+    async_planning: bool = True
+    """Plan global batch k+1 in a background thread while batch k trains (reads the next batch's samples one
+    global batch ahead). ``False`` plans synchronously inside each call."""
+    check_plan: bool = True
+    """Compare the plan digest and config fingerprint across the pool every global batch (one small all-gather)."""
+    plan_fn: Optional[Callable[[np.ndarray], "dynacp.Plan"]] = None
+    """Override: a deterministic function of the int64 lengths array returning a Plan (custom schedulers, tests).
+    It must be deterministic and identical on every rank; the digest check still applies."""
+
+    def resolved_cluster(self, pool_size: int) -> dynacp.Cluster:
+        """The cluster to plan with, checked against the pool size."""
+        cluster = self.cluster or dynacp.Cluster(num_ranks=pool_size, ranks_per_node=pool_size)
+        if cluster.num_ranks != pool_size:
+            raise ValueError(f"Planner.cluster.num_ranks = {cluster.num_ranks} but the DP x CP pool has {pool_size} "
+                             "ranks")
+        return cluster
+
+    def plan(self, lengths: np.ndarray, pool_size: int) -> "dynacp.Plan":
+        """Plan one global batch (releases the GIL inside the C++ solver)."""
+        if self.plan_fn is not None:
+            return self.plan_fn(lengths)
+        return dynacp.plan(lengths, cluster=self.resolved_cluster(pool_size), cost=self.cost or dynacp.CostModel(),
+                           strategy=self.strategy, pp=self.pp, vpp=self.vpp, count_policy=self.count_policy)
+
+    def fingerprint(self) -> str:
+        """A short stable hash of everything that determines the plan (for the cross-rank check)."""
+        d = {
+            "strategy": self.strategy,
+            "cluster": None if self.cluster is None else dict(self.cluster.to_dict()),
+            "cost": None if self.cost is None else dict(self.cost.to_dict()),
+            "pp": self.pp, "vpp": self.vpp, "count_policy": self.count_policy,
+            "plan_fn": None if self.plan_fn is None else getattr(self.plan_fn, "__qualname__", repr(self.plan_fn)),
+        }
+        return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def describe(self) -> dict:
+        """Plain-dict view for error messages and logs."""
+        return {"strategy": self.strategy, "pp": self.pp, "vpp": self.vpp, "count_policy": self.count_policy,
+                "cluster": None if self.cluster is None else dict(self.cluster.to_dict()),
+                "cost": None if self.cost is None else {k: v for k, v in dict(self.cost.to_dict()).items()
+                                                         if k not in ("name", "source")}}
+
+
+class CPGroupPool:
+    """Lazily created torch.distributed groups, one per CP ring of a plan, for every DP x CP pool in the world.
+
+    ``torch.distributed.new_group`` must be called by every rank of the world in the same order (group-local
+    synchronisation hashes each rank's own group count and deadlocks when ranks create overlapping groups in different
+    numbers). :meth:`ensure` therefore walks the rings of a plan in plan order and creates, for each new ring, the
+    group of every pool in ``all_pools``; every world rank calls it with the same rings (it learns them from its own
+    planning, the TP broadcast or the PP broadcast). Groups keep the ring order (``sort_ranks=False``), so the group
+    rank of a member is its position in the ring, which is the zigzag chunk index it holds.
+    """
+
+    def __init__(self, all_pools: Sequence[Sequence[int]], my_pool: int, timeout: datetime.timedelta):
+        self.all_pools = [list(p) for p in all_pools]
+        self.my_pool = my_pool
+        self.timeout = timeout
+        self._groups: dict[tuple[int, ...], Optional[dist.ProcessGroup]] = {}
+
+    def ensure(self, rings: Sequence[Sequence[int]]) -> None:
+        """Create the groups of rings (pool indices, ring order) not seen before. Collective over the world."""
+        for ring in rings:
+            key = tuple(int(r) for r in ring)
+            if len(key) < 2 or key in self._groups:
+                continue
+            mine = None
+            for p, pool in enumerate(self.all_pools):
+                g = dist.new_group([pool[i] for i in key], timeout=self.timeout, sort_ranks=False)
+                if p == self.my_pool:
+                    mine = g
+            self._groups[key] = mine
+
+    def get(self, ring: Sequence[int]) -> Optional[dist.ProcessGroup]:
+        """The group of ``ring`` (pool indices) in this rank's pool; ``None`` for a ring of one rank."""
+        key = tuple(int(r) for r in ring)
+        if len(key) < 2:
+            return None
+        if key not in self._groups:
+            raise KeyError(f"CP group {key} was not created; call ensure() with the plan's rings first")
+        return self._groups[key]
+
+    @property
+    def num_groups(self) -> int:
+        return len(self._groups)
+
+
+@dataclass
+class ProcessGroups:
+    """The process groups the wrapper uses; build them once (e.g. with :func:`make_process_groups`) and pass them in.
+
+    World rank layout is the caller's business; the wrapper only needs the groups and the pool rank mapping.
+    """
+
+    dp_cp: dist.ProcessGroup
+    """This rank's DP x CP pool (all ranks that share data and run CP groups of any size together); its group rank
+    is the pool index the scheduler plans with. Lengths are gathered and samples re-routed over it."""
+    pool_ranks: list[int]
+    """Global ranks of this rank's pool, by pool index."""
+    cp_pool: CPGroupPool
+    """Lazily created CP groups (see :class:`CPGroupPool`)."""
+    tp: Optional[dist.ProcessGroup] = None
+    """Tensor-parallel group; only its rank 0 reads data, the others receive microbatches by broadcast."""
+    tp_src: int = 0
+    """Global rank of TP rank 0 of this rank's TP group."""
+    pp: Optional[dist.ProcessGroup] = None
+    """Pipeline group (same pool index and TP rank, all stages); stage 0 broadcasts the packing metadata over it."""
+    pp_src: int = 0
+    """Global rank of pipeline stage 0 in this rank's PP group."""
+    timeout: datetime.timedelta = field(default_factory=lambda: datetime.timedelta(seconds=300))
+    """Timeout of the groups created by :func:`make_process_groups` and the CP pool."""
+
+    @property
+    def pool_size(self) -> int:
+        return len(self.pool_ranks)
+
+    @property
+    def pool_index(self) -> int:
+        return dist.get_rank(self.dp_cp)
+
+    @property
+    def tp_rank(self) -> int:
+        return 0 if self.tp is None else dist.get_rank(self.tp)
+
+    @property
+    def pp_rank(self) -> int:
+        return 0 if self.pp is None else dist.get_rank(self.pp)
+
+
+def make_process_groups(tp_size: int = 1, pp_size: int = 1,
+                        timeout: datetime.timedelta = datetime.timedelta(seconds=300)) -> ProcessGroups:
+    """Build :class:`ProcessGroups` for world = PP x DP_CP x TP with TP fastest:
+    ``rank = (pp_rank * dp_cp_size + pool_index) * tp_size + tp_rank``. Collective: every rank calls it.
+    """
+    world, me = dist.get_world_size(), dist.get_rank()
+    if world % (tp_size * pp_size):
+        raise ValueError(f"world size {world} is not divisible by tp * pp = {tp_size * pp_size}")
+    dpcp = world // (tp_size * pp_size)
+
+    def rank(p: int, d: int, t: int) -> int:
+        return (p * dpcp + d) * tp_size + t
+
+    my_p, rem = divmod(me, dpcp * tp_size)
+    my_d, my_t = divmod(rem, tp_size)
+    pools = [[rank(p, d, t) for d in range(dpcp)] for p in range(pp_size) for t in range(tp_size)]
+    my_pool = my_p * tp_size + my_t
+    dp_cp = tp = pp = None
+    for i, ranks in enumerate(pools):  # new_group is collective over the world: same order everywhere
+        g = dist.new_group(ranks, timeout=timeout)
+        if i == my_pool:
+            dp_cp = g
+    for p in range(pp_size):
+        for d in range(dpcp):
+            g = dist.new_group([rank(p, d, t) for t in range(tp_size)], timeout=timeout)
+            if (p, d) == (my_p, my_d):
+                tp = g
+    for d in range(dpcp):
+        for t in range(tp_size):
+            g = dist.new_group([rank(p, d, t) for p in range(pp_size)], timeout=timeout)
+            if (d, t) == (my_d, my_t):
+                pp = g
+    assert dp_cp is not None
+    return ProcessGroups(
+        dp_cp=dp_cp, pool_ranks=pools[my_pool], cp_pool=CPGroupPool(pools, my_pool, timeout),
+        tp=tp if tp_size > 1 else None, tp_src=rank(my_p, my_d, 0),
+        pp=pp if pp_size > 1 else None, pp_src=rank(0, my_d, my_t), timeout=timeout)
+
+
+def replace(obj, **changes):
+    """``dataclasses.replace`` re-exported for convenience (e.g. ``replace(planner, strategy="packing")``)."""
+    return dataclasses.replace(obj, **changes)

@@ -1,0 +1,140 @@
+// `megatron`: our re-implementation of Megatron-Core's packing-aware dynamic-CP scheduler
+// (`next_hdp_group_packing_aware`, PR #5154), from its description in docs/strategies.md:
+//   - CP degrees are powers of two, cp_min(s) = 2^ceil(log2(s / capacity)) (the full pool when P is not a power
+//     of two and nothing smaller fits);
+//   - one call builds one microbatch spanning all P ranks out of aligned contiguous groups;
+//   - the tallest remaining sequence opens the first group; every other sequence is tried once, over
+//     cp in {cp_min, 2 cp_min, ...}: "add" to an existing group of that size with token room, or "new" group;
+//     options are scored by the projected global max of sum s^2/cp per rank and must stay under
+//     1.05 * tall * capacity; ties favour smaller cp and "add"; sequences with no option wait for the next call;
+//   - empty ranks are filled by doubling the smallest group; when that cannot fill the pool (P not a power of
+//     two), the microbatch falls back to one group of all P ranks;
+//   - every rank runs every microbatch (equal counts).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "dynacp/model/error.hpp"
+#include "dynacp/solve/strategies.hpp"
+
+namespace dynacp::solve {
+namespace {
+
+struct MGroup {
+  int size;
+  std::vector<std::int64_t> ids;
+  std::int64_t tokens = 0;  // total tokens (per-rank share = tokens / size)
+  double sq = 0.0;          // sum s^2
+  double cost() const { return sq / size; }
+};
+
+int pow2_at_least(std::int64_t x) {
+  int p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+}  // namespace
+
+Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions&) {
+  const int P = cluster.num_ranks;
+  const std::int64_t cap = cost.token_capacity(cluster);
+  auto len = [&](std::int64_t id) { return batch.lengths[static_cast<std::size_t>(id)]; };
+  auto cp_min = [&](std::int64_t s) {
+    const int c = pow2_at_least((s + cap - 1) / cap);
+    return c <= P ? c : P;
+  };
+  std::vector<std::int64_t> remaining(batch.size());
+  std::iota(remaining.begin(), remaining.end(), std::int64_t{0});
+  Plan plan;
+  while (!remaining.empty()) {
+    std::stable_sort(remaining.begin(), remaining.end(), [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
+    const std::int64_t tall = len(remaining.front());
+    const double cost_cap = static_cast<double>(tall) * static_cast<double>(cap) * 1.05;
+    std::vector<MGroup> groups;
+    int used = 0;
+    double global_max = 0.0;
+    std::vector<std::int64_t> leftover;
+    auto add_to = [&](MGroup& g, std::int64_t id) {
+      g.ids.push_back(id);
+      g.tokens += len(id);
+      g.sq += static_cast<double>(len(id)) * static_cast<double>(len(id));
+      global_max = std::max(global_max, g.cost());
+    };
+    for (std::size_t k = 0; k < remaining.size(); ++k) {
+      const std::int64_t id = remaining[k];
+      const std::int64_t s = len(id);
+      const double s2 = static_cast<double>(s) * static_cast<double>(s);
+      int best_kind = -1;  // 0 = add, 1 = new
+      std::size_t best_group = 0;
+      int best_cp = 0;
+      double best_score = 0.0;
+      for (int cp = cp_min(s); cp <= P; cp = (cp == P ? P + 1 : std::min(cp * 2, P))) {
+        if (k > 0) {
+          for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+            const MGroup& g = groups[gi];
+            if (g.size != cp || (g.tokens + s + cp - 1) / cp > cap) continue;
+            const double score = std::max(global_max, (g.sq + s2) / cp);
+            if (score <= cost_cap && (best_kind < 0 || score < best_score))
+              best_kind = 0, best_group = gi, best_cp = cp, best_score = score;
+          }
+        }
+        if (used + cp <= P && (s + cp - 1) / cp <= cap) {
+          const double score = std::max(global_max, s2 / cp);
+          if ((score <= cost_cap || k == 0) && (best_kind < 0 || score < best_score))
+            best_kind = 1, best_cp = cp, best_score = score;
+        }
+        if (k == 0 && best_kind >= 0) break;  // the tallest takes its minimum degree
+        if (cp == P) break;
+      }
+      if (best_kind == 0) {
+        add_to(groups[best_group], id);
+      } else if (best_kind == 1) {
+        groups.push_back({best_cp, {}, 0, 0.0});
+        used += best_cp;
+        add_to(groups.back(), id);
+      } else {
+        leftover.push_back(id);
+      }
+    }
+    // Fill empty ranks by doubling the smallest group (first of that size).
+    while (used < P) {
+      std::size_t small = 0;
+      for (std::size_t gi = 1; gi < groups.size(); ++gi)
+        if (groups[gi].size < groups[small].size) small = gi;
+      if (used + groups[small].size > P) break;
+      used += groups[small].size;
+      groups[small].size *= 2;
+    }
+    if (used < P) {
+      // Fallback: one group of all P ranks holding what fits at CP = P; the rest waits.
+      std::vector<std::int64_t> all;
+      for (const auto& g : groups) all.insert(all.end(), g.ids.begin(), g.ids.end());
+      std::stable_sort(all.begin(), all.end(), [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
+      groups.assign(1, MGroup{P, {}, 0, 0.0});
+      for (auto id : all) {
+        if ((groups[0].tokens + len(id) + P - 1) / P <= cap) add_to(groups[0], id);
+        else leftover.push_back(id);
+      }
+    }
+    if (groups.empty() || std::all_of(groups.begin(), groups.end(), [](const MGroup& g) { return g.ids.empty(); }))
+      throw Error("megatron: no sequence could be placed in a microbatch (capacity too small for the pool)");
+    // Aligned contiguous layout: largest groups first.
+    std::stable_sort(groups.begin(), groups.end(), [](const MGroup& a, const MGroup& b) { return a.size > b.size; });
+    std::vector<Group> slot;
+    int first = 0;
+    for (auto& g : groups) {
+      Group out;
+      for (int r = 0; r < g.size; ++r) out.ranks.push_back(first + r);
+      first += g.size;
+      out.sequences = g.ids;
+      std::sort(out.sequences.begin(), out.sequences.end());
+      if (!out.sequences.empty()) slot.push_back(std::move(out));
+    }
+    plan.microbatches.push_back(std::move(slot));
+    remaining = std::move(leftover);
+  }
+  return plan;
+}
+
+}  // namespace dynacp::solve

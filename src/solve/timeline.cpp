@@ -1,0 +1,62 @@
+#include "dynacp/solve/timeline.hpp"
+
+#include <algorithm>
+
+#include "dynacp/model/error.hpp"
+#include "dynacp/solve/evaluate.hpp"
+#include "dynacp/solve/placement.hpp"
+#include "dynacp/solve/strategies.hpp"
+
+namespace dynacp::solve {
+
+TimelineBuilder::TimelineBuilder(const Batch& batch, const Cluster& cluster, const CostModel& cost)
+    : batch_(batch), cluster_(cluster), cost_(cost), free_(static_cast<std::size_t>(cluster.num_ranks), 0.0) {}
+
+double TimelineBuilder::time_of(const std::vector<int>& ranks, const GroupStats& stats) const {
+  return cost_.time(stats, static_cast<int>(ranks.size()), crosses_nodes(ranks, cluster_), cluster_);
+}
+
+double TimelineBuilder::add(std::vector<int> ranks, std::vector<std::int64_t> ids) {
+  const GroupStats st = group_stats(batch_, cost_, ids);
+  double start = 0.0;
+  for (int r : ranks) start = std::max(start, free_[static_cast<std::size_t>(r)]);
+  const double end = start + time_of(ranks, st);
+  for (int r : ranks) free_[static_cast<std::size_t>(r)] = end;
+  std::sort(ids.begin(), ids.end());
+  groups_.push_back({std::move(ranks), std::move(ids)});
+  return end;
+}
+
+double TimelineBuilder::makespan() const { return *std::max_element(free_.begin(), free_.end()); }
+
+Plan TimelineBuilder::to_plan() const {
+  Plan plan;
+  std::vector<int> next(free_.size(), 0);
+  for (const auto& g : groups_) {
+    int slot = 0;
+    for (int r : g.ranks) slot = std::max(slot, next[static_cast<std::size_t>(r)]);
+    for (int r : g.ranks) next[static_cast<std::size_t>(r)] = slot + 1;
+    if (plan.microbatches.size() <= static_cast<std::size_t>(slot)) plan.microbatches.resize(static_cast<std::size_t>(slot) + 1);
+    plan.microbatches[static_cast<std::size_t>(slot)].push_back(g);
+  }
+  return plan;
+}
+
+double score(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
+             const PlanOptions& options) {
+  return options.score ? options.score(plan) : evaluate(plan, batch, cluster, cost).step_time;
+}
+
+Plan best_of(std::vector<Plan> candidates, const Batch& batch, const Cluster& cluster, const CostModel& cost,
+             const PlanOptions& options) {
+  if (candidates.empty()) throw Error("best_of: no candidate plans");
+  std::size_t best = 0;
+  double best_t = 0.0;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    const double t = score(candidates[i], batch, cluster, cost, options);
+    if (i == 0 || t < best_t) best = i, best_t = t;
+  }
+  return std::move(candidates[best]);
+}
+
+}  // namespace dynacp::solve

@@ -1,0 +1,525 @@
+// Pipeline simulator: closed forms of 1F1B and interleaved 1F1B, CP synchronisation across pipelines, variable
+// microbatch counts, activation memory, gradient synchronisation, cycle detection and input validation.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <random>
+#include <tuple>
+
+#include "dynacp/model/error.hpp"
+#include "dynacp/sim/pipeline.hpp"
+
+using namespace dynacp;
+using namespace dynacp::sim;
+
+namespace {
+
+constexpr double kRel = 1e-9;
+
+void expect_rel(double got, double want, const std::string& what) {
+  const double scale = std::max(std::abs(want), 1e-300);
+  EXPECT_LE(std::abs(got - want) / scale, kRel) << what << ": got " << got << " want " << want;
+}
+
+/// P independent pipelines (no CP sharing), m uniform microbatches each.
+PipelineProblem uniform(int P, int pp, int vpp, int m, double f, double b, double mem = 0.0) {
+  PipelineProblem p;
+  p.num_ranks = P;
+  p.pp = pp;
+  p.vpp = vpp;
+  p.rank_microbatches.resize(P);
+  for (int r = 0; r < P; ++r)
+    for (int i = 0; i < m; ++i) {
+      p.rank_microbatches[r].push_back(static_cast<int>(p.group_ranks.size()));
+      p.group_ranks.push_back({r});
+      p.group_forward.push_back(f);
+      p.group_backward.push_back(b);
+      p.group_memory.push_back(mem);
+    }
+  return p;
+}
+
+/// P pipelines where microbatch i of every rank is ONE CP group spanning all P ranks.
+PipelineProblem uniform_shared(int P, int pp, int vpp, int m, double f, double b) {
+  PipelineProblem p;
+  p.num_ranks = P;
+  p.pp = pp;
+  p.vpp = vpp;
+  p.rank_microbatches.assign(P, {});
+  for (int i = 0; i < m; ++i) {
+    std::vector<int> ranks;
+    for (int r = 0; r < P; ++r) {
+      p.rank_microbatches[r].push_back(i);
+      ranks.push_back(r);
+    }
+    p.group_ranks.push_back(ranks);
+    p.group_forward.push_back(f);
+    p.group_backward.push_back(b);
+  }
+  return p;
+}
+
+/// Independent check of a timeline: ops on a rank-stage never overlap, every op starts exactly at the max of its
+/// predecessors' ends (order predecessor on every rank of its group, data predecessor), and joint ops of a group
+/// start at the same time on all its ranks.
+void check_timeline(const PipelineProblem& p, const PipelineResult& res) {
+  using Key = std::tuple<int, int, int, int>;  // group, backward, chunk, stage
+  std::map<Key, std::pair<double, double>> when;
+  std::map<Key, double> ready;  // max end of order predecessors
+  const PipelineResult::Op* prev = nullptr;
+  for (const auto& op : res.ops) {
+    const Key key{op.group, op.backward, op.chunk, op.stage};
+    auto [it, fresh] = when.emplace(key, std::make_pair(op.start, op.end));
+    if (!fresh) {
+      EXPECT_DOUBLE_EQ(it->second.first, op.start) << "group " << op.group << " starts at different times";
+    }
+    EXPECT_NEAR(op.end - op.start, op.backward ? p.group_backward[op.group] : p.group_forward[op.group], 1e-12);
+    double& rdy = ready.emplace(key, 0.0).first->second;
+    if (prev && prev->rank == op.rank && prev->stage == op.stage) {
+      EXPECT_GE(op.start, prev->end - 1e-12);
+      rdy = std::max(rdy, prev->end);
+    }
+    prev = &op;
+  }
+  const int pp = p.pp, v = p.vpp;
+  for (const auto& [key, se] : when) {
+    auto [g, bwd, c, k] = key;
+    double r = ready[key];
+    Key dp{-1, 0, 0, 0};
+    if (!bwd) {
+      if (k > 0)
+        dp = {g, 0, c, k - 1};
+      else if (c > 0)
+        dp = {g, 0, c - 1, pp - 1};
+    } else {
+      if (k < pp - 1)
+        dp = {g, 1, c, k + 1};
+      else if (c < v - 1)
+        dp = {g, 1, c + 1, 0};
+      else
+        dp = {g, 0, v - 1, pp - 1};
+    }
+    if (std::get<0>(dp) >= 0) {
+      ASSERT_TRUE(when.count(dp));
+      EXPECT_GE(se.first, when[dp].second - 1e-12);
+      r = std::max(r, when[dp].second);
+    }
+    EXPECT_NEAR(se.first, r, 1e-9) << "op of group " << g << " is not started as early as possible";
+  }
+}
+
+}  // namespace
+
+TEST(Pipeline, OneFOneBClosedForm) {
+  const std::vector<std::pair<double, double>> fb = {{1.0, 2.0}, {0.37, 1.1}, {2.5, 2.5}, {1e-3, 7e-3}};
+  for (int p : {1, 2, 3, 4, 8})
+    for (int m : {1, 2, 3, 5, 8, 16, 33})
+      for (auto [f, b] : fb)
+        for (bool shared : {false, true}) {
+          auto prob = shared ? uniform_shared(3, p, 1, m, f, b) : uniform(2, p, 1, m, f, b);
+          auto res = simulate(prob, true);
+          const std::string what = "p=" + std::to_string(p) + " m=" + std::to_string(m) + " f=" + std::to_string(f);
+          expect_rel(res.step_time, (m + p - 1) * (f + b), what + " total");
+          if (p > 1)
+            expect_rel(res.bubble_fraction, double(p - 1) / (m + p - 1), what + " bubble");
+          else
+            EXPECT_NEAR(res.bubble_fraction, 0.0, 1e-12);
+          for (std::size_t r = 0; r < res.busy.size(); ++r) {
+            expect_rel(res.busy[r], p * m * (f + b), what + " busy");
+            EXPECT_NEAR(res.idle[r], p * (p - 1) * (f + b), 1e-9 * p * (m + p) * (f + b)) << what;
+          }
+          check_timeline(prob, res);
+        }
+}
+
+TEST(Pipeline, InterleavedClosedForm) {
+  const std::vector<std::pair<double, double>> fb = {{1.0, 2.0}, {0.37, 1.1}, {2.5, 2.5}};
+  for (int v : {2, 3})
+    for (int p : {1, 2, 4, 8})
+      for (int groups : {1, 2, 3, 5})
+        for (auto [f, b] : fb)
+          for (bool shared : {false, true}) {
+            const int m = groups * p;
+            auto prob = shared ? uniform_shared(2, p, v, m, f, b) : uniform(2, p, v, m, f, b);
+            auto res = simulate(prob, true);
+            const std::string what = "v=" + std::to_string(v) + " p=" + std::to_string(p) + " m=" + std::to_string(m) +
+                                     " f=" + std::to_string(f);
+            expect_rel(res.step_time, (v * m + p - 1) * (f + b), what + " total");
+            if (p > 1) expect_rel(res.bubble_fraction, double(p - 1) / (v * m + p - 1), what + " bubble");
+            for (double busy : res.busy) expect_rel(busy, p * v * m * (f + b), what + " busy");
+            check_timeline(prob, res);
+          }
+}
+
+TEST(Pipeline, OneFOneBOpOrderMatchesMegatron) {
+  // pp = 4, m = 6: stage k runs min(3 - k, 6) warm-up forwards, then 1F1B, then cool-down backwards.
+  auto res = simulate(uniform(1, 4, 1, 6, 1.0, 2.0), true);
+  std::map<int, std::string> order;
+  for (const auto& op : res.ops) order[op.stage] += (op.backward ? "B" : "F") + std::to_string(op.group);
+  EXPECT_EQ(order[0], "F0F1F2F3B0F4B1F5B2B3B4B5");
+  EXPECT_EQ(order[1], "F0F1F2B0F3B1F4B2F5B3B4B5");
+  EXPECT_EQ(order[3], "F0B0F1B1F2B2F3B3F4B4F5B5");
+}
+
+TEST(Pipeline, InterleavedOpOrderMatchesMegatron) {
+  // pp = 2, vpp = 2, m = 4: virtual microbatch i -> chunk (i % 4) / 2, microbatch (i / 4) * 2 + i % 2.
+  auto res = simulate(uniform(1, 2, 2, 4, 1.0, 1.0), true);
+  std::map<int, std::string> order;
+  for (const auto& op : res.ops)
+    order[op.stage] += (op.backward ? "B" : "F") + std::to_string(op.group) + "." + std::to_string(op.chunk) + " ";
+  // Stage 0: warm-up (2-0-1)*2 + (2-1)*2 = 4 forwards; stage 1: 2.
+  EXPECT_EQ(order[0], "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0 ");
+  EXPECT_EQ(order[1], "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0 ");
+}
+
+TEST(Pipeline, CpGroupWaitsForSlowRankSingleStage) {
+  // pp = 1. Rank 0 runs its own slow microbatch A then shared S; rank 1 a fast B then S. S waits for rank 0.
+  PipelineProblem p;
+  p.num_ranks = 2;
+  p.rank_microbatches = {{0, 2}, {1, 2}};
+  p.group_ranks = {{0}, {1}, {0, 1}};
+  p.group_forward = {3, 1, 1};
+  p.group_backward = {3, 1, 1};
+  auto res = simulate(p, true);
+  EXPECT_DOUBLE_EQ(res.step_time, 8.0);
+  EXPECT_DOUBLE_EQ(res.busy[0], 8.0);
+  EXPECT_DOUBLE_EQ(res.busy[1], 4.0);
+  EXPECT_DOUBLE_EQ(res.idle[1], 4.0);
+  EXPECT_DOUBLE_EQ(res.bubble_fraction, 0.25);
+  for (const auto& op : res.ops)
+    if (op.group == 2) EXPECT_DOUBLE_EQ(op.start, op.backward ? 7.0 : 6.0);
+  check_timeline(p, res);
+}
+
+TEST(Pipeline, CpGroupWaitsForSlowRankTwoStages) {
+  // pp = 2, hand-computed. Rank 0: [A (2,4), S (1,2)]; rank 1: [B (1,2), S]. Stage 0 order F F B B, stage 1 F B F B.
+  //   stage 0: F_A [0,2] | F_B [0,1]; F_S needs both ranks: [2,3]; B_B [4,6]; B_A [8,12]; B_S [12,14]
+  //   stage 1: F_A [2,4], B_A [4,8] | F_B [1,2], B_B [2,4]; F_S waits for rank 0: [8,9]; B_S [9,11]
+  PipelineProblem p;
+  p.num_ranks = 2;
+  p.pp = 2;
+  p.rank_microbatches = {{0, 2}, {1, 2}};
+  p.group_ranks = {{0}, {1}, {0, 1}};
+  p.group_forward = {2, 1, 1};
+  p.group_backward = {4, 2, 2};
+  auto res = simulate(p, true);
+  EXPECT_DOUBLE_EQ(res.step_time, 14.0);
+  EXPECT_DOUBLE_EQ(res.busy[0], 18.0);
+  EXPECT_DOUBLE_EQ(res.busy[1], 12.0);
+  EXPECT_DOUBLE_EQ(res.idle[1], 2 * 14.0 - 12.0);
+  EXPECT_DOUBLE_EQ(res.bubble_fraction, 1.0 - 30.0 / 56.0);
+  std::map<std::tuple<int, int, bool, int>, double> start;  // rank, stage, backward, group
+  for (const auto& op : res.ops) start[{op.rank, op.stage, op.backward, op.group}] = op.start;
+  EXPECT_DOUBLE_EQ((start[{0, 0, false, 2}]), 2.0);
+  EXPECT_DOUBLE_EQ((start[{1, 0, false, 2}]), 2.0);
+  EXPECT_DOUBLE_EQ((start[{1, 1, false, 2}]), 8.0);  // rank 1 stage 1 idles from 4 to 8
+  EXPECT_DOUBLE_EQ((start[{1, 1, true, 2}]), 9.0);
+  EXPECT_DOUBLE_EQ((start[{1, 0, true, 1}]), 4.0);
+  EXPECT_DOUBLE_EQ((start[{0, 0, true, 0}]), 8.0);
+  EXPECT_DOUBLE_EQ((start[{1, 0, true, 2}]), 12.0);
+  check_timeline(p, res);
+}
+
+TEST(Pipeline, VariableMicrobatchCounts) {
+  // ByteScale-style: rank 1 runs twice as many (cheaper) microbatches. Independent pipelines follow the closed form
+  // each; the step is the slowest.
+  PipelineProblem p = uniform(1, 4, 1, 4, 2.0, 4.0);
+  p.num_ranks = 2;
+  p.rank_microbatches.emplace_back();
+  for (int i = 0; i < 8; ++i) {
+    p.rank_microbatches[1].push_back(static_cast<int>(p.group_ranks.size()));
+    p.group_ranks.push_back({1});
+    p.group_forward.push_back(1.0);
+    p.group_backward.push_back(2.0);
+    p.group_memory.push_back(0.0);
+  }
+  auto res = simulate(p, true);
+  expect_rel(res.step_time, std::max((4 + 3) * 6.0, (8 + 3) * 3.0), "variable step");
+  expect_rel(res.busy[0], 4 * 4 * 6.0, "busy 0");
+  expect_rel(res.busy[1], 4 * 8 * 3.0, "busy 1");
+  expect_rel(res.idle[0], 4 * 42.0 - 96.0, "idle 0");
+  expect_rel(res.bubble_fraction, 1.0 - 192.0 / (42.0 * 2 * 4), "bubble");
+  check_timeline(p, res);
+
+  // A rank with no microbatches is idle for the whole step; variable counts with vpp need multiples of pp.
+  PipelineProblem q = uniform(1, 2, 2, 4, 1.0, 1.0);
+  q.num_ranks = 2;
+  q.rank_microbatches.emplace_back();
+  auto rq = simulate(q);
+  EXPECT_DOUBLE_EQ(rq.busy[1], 0.0);
+  expect_rel(rq.idle[1], 2 * rq.step_time, "idle of an empty rank");
+}
+
+TEST(Pipeline, VariableCountsWithSharedGroup) {
+  // pp = 2, rank 0 runs [S, a], rank 1 runs [S, b, c]; S is shared and comes first on both, so orders agree.
+  PipelineProblem p;
+  p.num_ranks = 2;
+  p.pp = 2;
+  p.rank_microbatches = {{0, 1}, {0, 2, 3}};
+  p.group_ranks = {{0, 1}, {0}, {1}, {1}};
+  p.group_forward = {1, 1, 1, 1};
+  p.group_backward = {2, 2, 2, 2};
+  auto res = simulate(p, true);
+  // Rank 1 alone would be the 1F1B closed form with m = 3: (3 + 1) * 3 = 12; rank 0 alone (2 + 1) * 3 = 9.
+  EXPECT_DOUBLE_EQ(res.step_time, 12.0);
+  check_timeline(p, res);
+}
+
+TEST(Pipeline, PeakMemoryOneFOneB) {
+  for (int pp : {1, 2, 4, 8})
+    for (int m : {1, 3, 4, 9}) {
+      const double mem = 1.5e9;
+      auto prob = uniform(2, pp, 1, m, 1.0, 2.0, mem);
+      auto res = simulate(prob, true);
+      for (double peak : res.peak_memory) expect_rel(peak, std::min(m, pp) * mem, "rank peak");
+      // Per stage from the timeline (bytes live from a forward's start to its backward's end): min(m, pp - k).
+      for (int k = 0; k < pp; ++k) {
+        std::vector<std::pair<double, double>> events;  // (time, +-1); frees sort before allocations at ties
+        for (const auto& op : res.ops)
+          if (op.rank == 0 && op.stage == k) events.emplace_back(op.backward ? op.end : op.start, op.backward ? -1 : 1);
+        std::sort(events.begin(), events.end());
+        double live = 0, peak = 0;
+        for (auto [t, d] : events) peak = std::max(peak, live += d);
+        EXPECT_EQ(peak, std::min(m, pp - k)) << "pp=" << pp << " m=" << m << " stage " << k;
+      }
+    }
+  // Interleaved, uniform: stage 0 holds its warm-up forwards plus one: min(2(pp-1) + (v-1)pp + 1, v m) stage-chunks.
+  for (int v : {2, 3}) {
+    const int pp = 4, m = 8;
+    auto res = simulate(uniform(1, pp, v, m, 1.0, 2.0, 1.0));
+    EXPECT_DOUBLE_EQ(res.peak_memory[0], std::min(2 * (pp - 1) + (v - 1) * pp + 1, v * m));
+  }
+  // Non-uniform memory: the heavy microbatch counts only while in flight.
+  PipelineProblem p = uniform(1, 2, 1, 3, 1.0, 1.0, 1.0);
+  p.group_memory = {10.0, 1.0, 1.0};
+  EXPECT_DOUBLE_EQ(simulate(p).peak_memory[0], 11.0);  // stage 0 holds {0, 1} after its warm-up
+  p.group_memory = {};
+  EXPECT_DOUBLE_EQ(simulate(p).peak_memory[0], 0.0);  // empty memory vector = zero bytes
+}
+
+TEST(Pipeline, GradSyncIsAdded) {
+  auto prob = uniform(2, 4, 1, 8, 1.0, 2.0);
+  const double base = simulate(prob).step_time;
+  prob.grad_sync = 0.75;
+  auto res = simulate(prob);
+  expect_rel(res.step_time, base + 0.75, "step with grad sync");
+  expect_rel(res.step_time, (8 + 3) * 3.0 + 0.75, "closed form + grad sync");
+  expect_rel(res.bubble_fraction, 3.0 / 11.0, "bubble excludes grad sync");
+}
+
+TEST(Pipeline, Deterministic) {
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> u(0.1, 3.0);
+  // Wave plan: slot j of every rank belongs to a group of consecutive ranks; shared groups keep the same slot on
+  // all their ranks, so orders are consistent.
+  const int P = 12, pp = 4, m = 8;
+  PipelineProblem p;
+  p.num_ranks = P;
+  p.pp = pp;
+  p.vpp = 2;
+  p.rank_microbatches.assign(P, {});
+  for (int j = 0; j < m; ++j)
+    for (int r = 0; r < P;) {
+      const int size = std::min<int>(P - r, 1 + static_cast<int>(rng() % 4));
+      std::vector<int> ranks;
+      for (int i = 0; i < size; ++i) {
+        ranks.push_back(r + i);
+        p.rank_microbatches[r + i].push_back(static_cast<int>(p.group_ranks.size()));
+      }
+      p.group_ranks.push_back(ranks);
+      const double t = u(rng);
+      p.group_forward.push_back(t);
+      p.group_backward.push_back(2 * t);
+      p.group_memory.push_back(u(rng));
+      r += size;
+    }
+  auto a = simulate(p, true), b = simulate(p, true);
+  EXPECT_EQ(a.step_time, b.step_time);
+  EXPECT_EQ(a.busy, b.busy);
+  EXPECT_EQ(a.peak_memory, b.peak_memory);
+  ASSERT_EQ(a.ops.size(), b.ops.size());
+  ASSERT_EQ(a.ops.size(), static_cast<std::size_t>(P) * pp * m * 2 * 2);
+  for (std::size_t i = 0; i < a.ops.size(); ++i) EXPECT_EQ(a.ops[i].start, b.ops[i].start);
+  check_timeline(p, a);
+  // Every stage of a rank is busy at most the whole makespan.
+  for (int r = 0; r < P; ++r) EXPECT_GE(a.step_time * pp + 1e-9, a.busy[r]);
+}
+
+TEST(Pipeline, CycleIsDetectedAndNamed) {
+  // Ranks 0 and 1 share groups 0 and 1 but run them in opposite orders: a deadlock.
+  PipelineProblem p;
+  p.num_ranks = 3;
+  p.rank_microbatches = {{0, 1}, {1, 0}, {2}};
+  p.group_ranks = {{0, 1}, {0, 1}, {2}};
+  p.group_forward = {1, 1, 1};
+  p.group_backward = {2, 2, 2};
+  for (int pp : {1, 2}) {
+    p.pp = pp;
+    try {
+      simulate(p);
+      FAIL() << "expected a cycle error";
+    } catch (const InvalidArgument&) {
+      FAIL() << "a cycle is an Error, not InvalidArgument";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("ranks {0, 1}"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("groups {0, 1}"), std::string::npos) << msg;
+    }
+  }
+  // Variable counts can deadlock even with the same relative order: rank 1 runs a private microbatch between the
+  // shared ones, so at stage 0 it runs B(S0) before F(S1) while rank 0 runs F(S1) first.
+  PipelineProblem q;
+  q.num_ranks = 2;
+  q.pp = 2;
+  q.rank_microbatches = {{0, 1}, {0, 2, 1}};
+  q.group_ranks = {{0, 1}, {0, 1}, {1}};
+  q.group_forward = {1, 1, 1};
+  q.group_backward = {1, 1, 1};
+  EXPECT_THROW(simulate(q), Error);
+}
+
+TEST(Pipeline, BadInputs) {
+  auto base = [] {
+    PipelineProblem p;
+    p.num_ranks = 2;
+    p.pp = 2;
+    p.rank_microbatches = {{0, 1}, {0, 2}};
+    p.group_ranks = {{0, 1}, {0}, {1}};
+    p.group_forward = {1, 1, 1};
+    p.group_backward = {2, 2, 2};
+    return p;
+  };
+  EXPECT_NO_THROW(simulate(base()));
+  auto expect_invalid = [](const PipelineProblem& p, const std::string& needle) {
+    try {
+      simulate(p);
+      ADD_FAILURE() << "expected InvalidArgument mentioning '" << needle << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  {
+    auto p = base();  // group 2 lists rank 0, which does not list it
+    p.group_ranks[2] = {1, 0};
+    expect_invalid(p, "group 2 lists rank 0 but rank 0 does not list group 2");
+  }
+  {
+    auto p = base();  // rank 1 lists group 1, which does not list rank 1
+    p.rank_microbatches[1] = {0, 2, 1};
+    expect_invalid(p, "does not list rank 1");
+  }
+  {
+    auto p = base();
+    p.rank_microbatches[0] = {0, 7};
+    expect_invalid(p, "unknown group id 7");
+  }
+  {
+    auto p = base();
+    p.rank_microbatches[0] = {0, -1};
+    expect_invalid(p, "unknown group id -1");
+  }
+  {
+    auto p = base();
+    p.group_ranks[1] = {5};
+    expect_invalid(p, "unknown rank 5");
+  }
+  {
+    auto p = base();
+    p.rank_microbatches[0] = {0, 1, 1};
+    expect_invalid(p, "more than once");
+  }
+  {
+    auto p = base();
+    p.group_forward[1] = -0.5;
+    expect_invalid(p, "group_forward[1]");
+  }
+  {
+    auto p = base();
+    p.group_backward[2] = std::numeric_limits<double>::quiet_NaN();
+    expect_invalid(p, "group_backward[2]");
+  }
+  {
+    auto p = base();
+    p.group_memory = {1, -1, 1};
+    expect_invalid(p, "group_memory[1]");
+  }
+  {
+    auto p = base();
+    p.grad_sync = -1;
+    expect_invalid(p, "grad_sync");
+  }
+  {
+    auto p = base();
+    p.vpp = 2;  // every rank has 2 = pp microbatches: fine
+    EXPECT_NO_THROW(simulate(p));
+    p.pp = 4;  // 2 % 4 != 0
+    expect_invalid(p, "multiple of pp");
+  }
+  {
+    auto p = base();
+    p.group_forward.pop_back();
+    expect_invalid(p, "one entry per group");
+  }
+  {
+    auto p = base();
+    p.num_ranks = 3;
+    expect_invalid(p, "num_ranks");
+  }
+  {
+    auto p = base();
+    p.pp = 0;
+    expect_invalid(p, "pp must be >= 1");
+  }
+  {
+    auto p = base();
+    p.group_ranks.push_back({});
+    p.group_forward.push_back(1);
+    p.group_backward.push_back(1);
+    expect_invalid(p, "group 3 has no ranks");
+  }
+}
+
+TEST(Pipeline, RandomOrdersSimulateOrReportACycle) {
+  std::mt19937_64 rng(11);
+  int simulated = 0, cycles = 0;
+  for (int iter = 0; iter < 400; ++iter) {
+    PipelineProblem p;
+    p.num_ranks = 1 + static_cast<int>(rng() % 5);
+    p.pp = 1 + static_cast<int>(rng() % 4);
+    p.vpp = rng() % 3 == 0 ? 2 : 1;
+    const int G = 1 + static_cast<int>(rng() % 10);
+    p.rank_microbatches.assign(p.num_ranks, {});
+    for (int g = 0; g < G; ++g) {
+      std::vector<int> ranks;
+      for (int r = 0; r < p.num_ranks; ++r)
+        if (rng() % 3 == 0) ranks.push_back(r);
+      if (ranks.empty()) ranks.push_back(static_cast<int>(rng() % p.num_ranks));
+      for (int r : ranks) p.rank_microbatches[r].push_back(g);
+      p.group_ranks.push_back(ranks);
+      p.group_forward.push_back(0.5 + static_cast<double>(rng() % 7));
+      p.group_backward.push_back(static_cast<double>(rng() % 9));
+      p.group_memory.push_back(static_cast<double>(rng() % 5));
+    }
+    for (auto& mbs : p.rank_microbatches) std::shuffle(mbs.begin(), mbs.end(), rng);
+    if (p.vpp > 1)
+      for (const auto& mbs : p.rank_microbatches)
+        if (mbs.size() % p.pp) p.vpp = 1;
+    try {
+      auto res = simulate(p, true);
+      check_timeline(p, res);
+      for (int r = 0; r < p.num_ranks; ++r)
+        EXPECT_NEAR(res.busy[r] + res.idle[r], p.pp * (res.step_time - p.grad_sync), 1e-9 * (1 + res.step_time));
+      ++simulated;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("dependency cycle"), std::string::npos) << msg;
+      EXPECT_EQ(msg.find("a bug"), std::string::npos) << msg;
+      ++cycles;
+    }
+  }
+  EXPECT_GT(simulated, 50);
+  EXPECT_GT(cycles, 50);
+}

@@ -1,0 +1,75 @@
+"""Pipeline simulator binding: closed forms, CP synchronisation, timeline, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dynacp import _core
+
+
+def independent(ranks: int, m: int, f: float, b: float) -> tuple[list, list, list, list]:
+    """`ranks` pipelines, each running m private uniform microbatches."""
+    rank_mbs, group_ranks = [], []
+    for r in range(ranks):
+        rank_mbs.append(list(range(len(group_ranks), len(group_ranks) + m)))
+        group_ranks += [[r]] * m
+    n = len(group_ranks)
+    return rank_mbs, group_ranks, [f] * n, [b] * n
+
+
+@pytest.mark.parametrize("pp", [1, 2, 4, 8])
+@pytest.mark.parametrize("m", [1, 3, 8, 16])
+def test_one_f_one_b_closed_form(pp: int, m: int) -> None:
+    f, b = 0.37, 1.1
+    res = _core.simulate_pipeline(*independent(2, m, f, b), pp=pp)
+    assert res.step_time == pytest.approx((m + pp - 1) * (f + b), rel=1e-9)
+    assert res.bubble_fraction == pytest.approx((pp - 1) / (m + pp - 1), rel=1e-9, abs=1e-12)
+    assert isinstance(res.busy, np.ndarray) and res.busy.shape == (2,)
+    np.testing.assert_allclose(res.busy, pp * m * (f + b), rtol=1e-9)
+    np.testing.assert_allclose(res.busy + res.idle, pp * res.step_time, rtol=1e-9)
+
+
+@pytest.mark.parametrize("vpp", [2, 3])
+@pytest.mark.parametrize("pp,m", [(2, 2), (4, 4), (4, 12), (8, 16)])
+def test_interleaved_closed_form(vpp: int, pp: int, m: int) -> None:
+    f, b = 1.0, 2.0
+    res = _core.simulate_pipeline(*independent(1, m, f, b), pp=pp, vpp=vpp)
+    assert res.step_time == pytest.approx((vpp * m + pp - 1) * (f + b), rel=1e-9)
+    assert res.bubble_fraction == pytest.approx((pp - 1) / (vpp * m + pp - 1), rel=1e-9)
+
+
+def test_cp_group_waits_for_slow_rank_and_timeline() -> None:
+    # Rank 0: slow private A then shared S; rank 1: fast private B then S (hand-computed in test_pipeline.cpp).
+    res = _core.simulate_pipeline(
+        [[0, 2], [1, 2]], [[0], [1], [0, 1]], [2.0, 1.0, 1.0], [4.0, 2.0, 2.0],
+        group_memory=[5.0, 1.0, 3.0], pp=2, grad_sync=0.5, keep_timeline=True,
+    )
+    assert res.step_time == pytest.approx(14.5)
+    assert res.bubble_fraction == pytest.approx(1 - 30 / 56)
+    np.testing.assert_allclose(res.busy, [18.0, 12.0])
+    np.testing.assert_allclose(res.idle, [10.0, 16.0])
+    np.testing.assert_allclose(res.peak_memory, [8.0, 4.0])
+    assert len(res.ops) == 2 * 2 * 2 * 2
+    starts = {(r, k, bwd, g): s for r, k, c, g, bwd, s, e in res.ops}
+    assert starts[(1, 1, False, 2)] == starts[(0, 1, False, 2)] == 8.0
+    assert all(e >= s for *_, s, e in res.ops)
+
+
+def test_no_timeline_by_default() -> None:
+    res = _core.simulate_pipeline(*independent(1, 4, 1.0, 2.0), pp=2)
+    assert res.ops == []
+    assert res.peak_memory.tolist() == [0.0]
+
+
+def test_errors() -> None:
+    with pytest.raises(RuntimeError, match=r"ranks \{0, 1\}, groups \{0, 1\}"):
+        _core.simulate_pipeline([[0, 1], [1, 0]], [[0, 1], [0, 1]], [1, 1], [2, 2], pp=2)
+    with pytest.raises(ValueError, match="does not list group"):
+        _core.simulate_pipeline([[0], []], [[0, 1]], [1], [2])
+    with pytest.raises(ValueError, match="unknown group id 3"):
+        _core.simulate_pipeline([[3]], [[0]], [1], [2])
+    with pytest.raises(ValueError, match="group_forward"):
+        _core.simulate_pipeline([[0]], [[0]], [-1.0], [2])
+    with pytest.raises(ValueError, match="multiple of pp"):
+        _core.simulate_pipeline([[0, 1, 2]], [[0], [0], [0]], [1] * 3, [2] * 3, pp=2, vpp=2)
