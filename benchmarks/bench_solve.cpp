@@ -57,5 +57,10 @@ void grid(benchmark::internal::Benchmark* b) {
 
 BENCHMARK_CAPTURE(run, packing, "packing")->Apply(grid)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(run, fcp, "fcp")->Apply(grid)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(run, megatron, "megatron")->Apply(grid)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(run, bytescale, "bytescale")->Apply(grid)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(run, dynacp, "dynacp")->Apply(grid)->Unit(benchmark::kMillisecond);
+// The large case of issue 3: 16,384 sequences on 12,288 ranks.
+BENCHMARK_CAPTURE(run, dynacp_large, "dynacp")->Args({16384, 12288})->Unit(benchmark::kMillisecond)->Iterations(3);
 
 BENCHMARK_MAIN();

@@ -1,8 +1,8 @@
 // Shared helpers for the thin pybind11 layer.
 #pragma once
 #include <pybind11/numpy.h>
-#include <pybind11/pybind11.h>
 #include <pybind11/operators.h>
+#include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>

@@ -7,7 +7,8 @@ namespace dynacp::py {
 namespace {
 
 /// Keyword constructor for a config struct: T(**fields); unknown names raise ValueError naming them.
-template <class T> auto kw_init() {
+template <class T>
+auto kw_init() {
   return py::init([](const py::kwargs& kw) {
     auto obj = std::make_unique<T>();
     py::object view = py::cast(obj.get(), py::return_value_policy::reference);
@@ -26,10 +27,12 @@ template <class T> auto kw_init() {
 }
 
 /// Registers read/write fields with docs and records their names in `_fields` (used by to_dict and repr).
-template <class T> struct Fields {
+template <class T>
+struct Fields {
   py::class_<T>& cls;
   std::vector<std::string> names;
-  template <class M> Fields& add(const char* name, M T::*member, const char* doc) {
+  template <class M>
+  Fields& add(const char* name, M T::*member, const char* doc) {
     cls.def_readwrite(name, member, doc);
     names.emplace_back(name);
     return *this;
@@ -38,11 +41,14 @@ template <class T> struct Fields {
     py::tuple t(names.size());
     for (std::size_t i = 0; i < names.size(); ++i) t[i] = py::str(names[i]);
     cls.attr("_fields") = t;
-    cls.def("to_dict", [](py::object self) {
-      py::dict d;
-      for (auto f : py::tuple(self.attr("_fields"))) d[f] = self.attr(f.cast<std::string>().c_str());
-      return d;
-    }, "Fields as a plain dict");
+    cls.def(
+        "to_dict",
+        [](py::object self) {
+          py::dict d;
+          for (auto f : py::tuple(self.attr("_fields"))) d[f] = self.attr(f.cast<std::string>().c_str());
+          return d;
+        },
+        "Fields as a plain dict");
     cls.def("__repr__", [](py::object self) {
       std::string s = std::string(py::str(py::type::of(self).attr("__name__"))) + "(";
       bool first = true;
@@ -123,8 +129,9 @@ void bind_model(py::module_& m) {
       .def_readonly("max_relative_error", &FitReport::max_relative_error)
       .def_readonly("samples", &FitReport::samples)
       .def("__repr__", [](const FitReport& r) {
-        return "FitReport(samples=" + std::to_string(r.samples) + ", rms_relative_error=" +
-               std::to_string(r.rms_relative_error) + ", max_relative_error=" + std::to_string(r.max_relative_error) + ")";
+        return "FitReport(samples=" + std::to_string(r.samples) +
+               ", rms_relative_error=" + std::to_string(r.rms_relative_error) +
+               ", max_relative_error=" + std::to_string(r.max_relative_error) + ")";
       });
   m.def(
       "fit_compute",
@@ -154,7 +161,8 @@ void bind_model(py::module_& m) {
         auto [lat, bw] = fit_link(s, &rep);
         return py::make_tuple(lat, bw, rep);
       },
-      py::arg("bytes"), py::arg("seconds"), "Fit t = latency + bytes/bandwidth. Returns (latency, bandwidth, FitReport).");
+      py::arg("bytes"), py::arg("seconds"),
+      "Fit t = latency + bytes/bandwidth. Returns (latency, bandwidth, FitReport).");
 }
 
 }  // namespace dynacp::py

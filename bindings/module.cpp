@@ -8,7 +8,8 @@ namespace dynacp::py {
 std::vector<std::int64_t> to_int64_vector(const py::handle& obj, const char* what) {
   auto arr = py::array::ensure(obj);
   if (!arr) throw InvalidArgument(std::string(what) + " must be a 1-D array of integers");
-  if (arr.ndim() != 1) throw InvalidArgument(std::string(what) + " must be 1-D, got " + std::to_string(arr.ndim()) + " dimensions");
+  if (arr.ndim() != 1)
+    throw InvalidArgument(std::string(what) + " must be 1-D, got " + std::to_string(arr.ndim()) + " dimensions");
   if (arr.dtype().kind() != 'i' && arr.dtype().kind() != 'u')
     throw InvalidArgument(std::string(what) + " must hold integers, got dtype " + std::string(py::str(arr.dtype())));
   auto a = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(arr);

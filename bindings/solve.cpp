@@ -20,7 +20,8 @@ Batch make_batch(const py::object& lengths, const py::object& masks) {
   return b;
 }
 
-template <class T> T get(const py::dict& d, const char* key, const char* where) {
+template <class T>
+T get(const py::dict& d, const char* key, const char* where) {
   if (!d.contains(key)) throw InvalidArgument(std::string(where) + " is missing the field '" + key + "'");
   try {
     return d[key].cast<T>();
@@ -126,20 +127,23 @@ void bind_solve(py::module_& m) {
       .def_readwrite("vpp", &PlanOptions::vpp, "virtual stages per pipeline stage")
       .def_readwrite("count_policy", &PlanOptions::count_policy, "equal or variable microbatch counts")
       .def("__repr__", [](const PlanOptions& o) {
-        return "PlanOptions(strategy='" + o.strategy + "', pp=" + std::to_string(o.pp) + ", vpp=" + std::to_string(o.vpp) +
+        return "PlanOptions(strategy='" + o.strategy + "', pp=" + std::to_string(o.pp) +
+               ", vpp=" + std::to_string(o.vpp) +
                ", count_policy=" + (o.count_policy == CountPolicy::Equal ? "EQUAL" : "VARIABLE") + ")";
       });
 
   py::class_<Group>(m, "Group", "One CP group: a ring of ranks over a THD pack of sequence ids.")
-      .def(py::init([](std::vector<int> ranks, std::vector<std::int64_t> sequences) { return Group{ranks, sequences}; }),
+      .def(py::init([](std::vector<int> ranks, std::vector<std::int64_t> sequences) {
+             return Group{ranks, sequences};
+           }),
            py::arg("ranks"), py::arg("sequences"))
       .def_readwrite("ranks", &Group::ranks, "ring order; its length is the CP degree")
       .def_readwrite("sequences", &Group::sequences, "input ids packed into this group")
       .def_property_readonly("degree", &Group::degree)
       .def(py::self == py::self)
       .def("__repr__", [](const Group& g) {
-        return "Group(ranks=" + std::string(py::repr(py::cast(g.ranks))) + ", sequences=" +
-               std::string(py::repr(py::cast(g.sequences))) + ")";
+        return "Group(ranks=" + std::string(py::repr(py::cast(g.ranks))) +
+               ", sequences=" + std::string(py::repr(py::cast(g.sequences))) + ")";
       });
 
   py::class_<Predicted>(m, "Predicted", "Predicted timeline of a plan (seconds).")
@@ -148,8 +152,9 @@ void bind_solve(py::module_& m) {
       .def_readonly("per_rank_time", &Predicted::per_rank_time)
       .def_readonly("peak_tokens_per_rank", &Predicted::peak_tokens_per_rank)
       .def_readonly("bubble_fraction", &Predicted::bubble_fraction)
-      .def_property_readonly("gap", [](const Predicted& p) { return p.lower_bound > 0 ? p.step_time / p.lower_bound - 1 : 0.0; },
-                             "step_time / lower_bound - 1")
+      .def_property_readonly(
+          "gap", [](const Predicted& p) { return p.lower_bound > 0 ? p.step_time / p.lower_bound - 1 : 0.0; },
+          "step_time / lower_bound - 1")
       .def("to_dict", &predicted_to_dict)
       .def("__repr__", [](const Predicted& p) {
         return "Predicted(step_time=" + std::to_string(p.step_time) + ", lower_bound=" + std::to_string(p.lower_bound) +
@@ -167,17 +172,17 @@ void bind_solve(py::module_& m) {
       .def("digest", &Plan::digest, "Stable 64-bit digest of the assignment (timings excluded).")
       .def(
           "validate",
-          [](const Plan& p, const py::object& lengths, const Cluster& c, const CostModel& cost, const py::object& masks) {
-            p.validate(make_batch(lengths, masks), c, cost);
-          },
+          [](const Plan& p, const py::object& lengths, const Cluster& c, const CostModel& cost,
+             const py::object& masks) { p.validate(make_batch(lengths, masks), c, cost); },
           py::arg("lengths"), py::arg("cluster"), py::arg("cost"), py::arg("masks") = py::none(),
           "Check the invariants; raise ValueError describing the first violation.")
       .def("to_dict", &plan_to_dict, "The fixed JSON-able plan format.")
       .def_static("from_dict", &plan_from_dict, py::arg("d"), "Inverse of to_dict (structure only; call validate).")
       .def(py::pickle([](const Plan& p) { return plan_to_dict(p); }, [](py::dict d) { return plan_from_dict(d); }))
       .def("__repr__", [](const Plan& p) {
-        return "Plan(strategy='" + p.strategy + "', num_ranks=" + std::to_string(p.num_ranks) + ", microbatches=" +
-               std::to_string(p.microbatches.size()) + ", step_time=" + std::to_string(p.predicted.step_time) + ")";
+        return "Plan(strategy='" + p.strategy + "', num_ranks=" + std::to_string(p.num_ranks) +
+               ", microbatches=" + std::to_string(p.microbatches.size()) +
+               ", step_time=" + std::to_string(p.predicted.step_time) + ")";
       });
 
   m.def("strategy_names", &solve::strategy_names, "Registered strategy names in a fixed order.");
@@ -228,10 +233,14 @@ void bind_solve(py::module_& m) {
             throw InvalidArgument("times[" + std::to_string(i) + "] must have ranks + 1 entries (index = degree)");
         p.time = [&times](std::size_t i, int d) { return times[i][static_cast<std::size_t>(d)]; };
         solve::DegreeResult r;
-        if (method == "dp") r = solve::allocate_degrees_dp(p);
-        else if (method == "threshold") r = solve::allocate_degrees_threshold(p);
-        else if (method == "auto") r = solve::allocate_degrees(p);
-        else throw InvalidArgument("method must be 'dp', 'threshold' or 'auto', got '" + method + "'");
+        if (method == "dp")
+          r = solve::allocate_degrees_dp(p);
+        else if (method == "threshold")
+          r = solve::allocate_degrees_threshold(p);
+        else if (method == "auto")
+          r = solve::allocate_degrees(p);
+        else
+          throw InvalidArgument("method must be 'dp', 'threshold' or 'auto', got '" + method + "'");
         return py::make_tuple(r.degrees, r.makespan);
       },
       py::arg("times"), py::arg("min_degree"), py::arg("ranks"), py::arg("method") = "auto",

@@ -96,7 +96,7 @@ def main() -> None:
         loss_sum, count = 0.0, 0.0
         for mb in it:
             p = mb["packed_seq_params"]
-            logits = model(mb["tokens"], mb["position_ids"], lambda q, k, v: cp_attention(q, k, v, p, impl=attn_impl))
+            logits = model(mb["tokens"], mb["position_ids"], lambda q, k, v, p=p: cp_attention(q, k, v, p, impl=attn_impl))
             ls, c = masked_token_loss(logits, mb["labels"], mb["loss_mask"])
             ls.backward()
             loss_sum += float(ls.detach())

@@ -28,6 +28,7 @@ from dynacp._core import (  # noqa: E402
 )
 from dynacp.api import lower_bound, plan, predict  # noqa: E402
 from dynacp.balance import balance, balance_lower_bound  # noqa: E402
+from dynacp.planner import configs  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -42,6 +43,7 @@ __all__ = [
     "Predicted",
     "balance",
     "balance_lower_bound",
+    "configs",
     "lower_bound",
     "plan",
     "predict",

@@ -15,7 +15,7 @@ from typing import List, Optional
 SUBCOMMANDS = {
     "compare": "dynacp.commands.compare",
     "plan": "dynacp.commands.plan",
-    # "configs": "dynacp.planner.cli",  (wired when the planner lands)
+    "configs": "dynacp.planner.cli",
 }
 
 

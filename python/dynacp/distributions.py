@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Union
@@ -42,7 +42,7 @@ class Distribution:
         return np.clip(x, 1, self.context)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _table(name: str) -> tuple:
     data = json.loads(resources.files("dynacp").joinpath("data", f"{name}.json").read_text())
     q = np.asarray(data["quantiles"], dtype=np.float64)

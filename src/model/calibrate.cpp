@@ -99,29 +99,27 @@ constexpr double kStepScale = kLayers * 3;
 
 // ByteScale (arXiv 2502.21231) Fig. 6a, per-layer forward times read off the figure: length, attention ms, MLP ms.
 constexpr std::array<std::array<double, 3>, 6> kByteScaleFig6a{{{4096, 0.8, 0.9},
-                                                                 {8192, 1.8, 1.8},
-                                                                 {16384, 4.8, 3.6},
-                                                                 {32768, 14.1, 7.5},
-                                                                 {65536, 48.2, 15.1},
-                                                                 {131072, 175.5, 28.2}}};
+                                                                {8192, 1.8, 1.8},
+                                                                {16384, 4.8, 3.6},
+                                                                {32768, 14.1, 7.5},
+                                                                {65536, 48.2, 15.1},
+                                                                {131072, 175.5, 28.2}}};
 
 // hao-ai-lab/distca profiles/compute-attn-H100.csv, tp = 1: document length, CP degree, per-rank attention ms.
-constexpr std::array<std::array<double, 3>, 44> kDistcaAttnH100{{
-    {64, 1, 0.028433}, {64, 2, 0.020913}, {64, 4, 0.023159}, {64, 8, 0.025449},
-    {128, 1, 0.030415}, {128, 2, 0.026248}, {128, 4, 0.027149}, {128, 8, 0.027613},
-    {256, 1, 0.036643}, {256, 2, 0.026124}, {256, 4, 0.025369}, {256, 8, 0.026465},
-    {512, 1, 0.061332}, {512, 2, 0.041245}, {512, 4, 0.037164}, {512, 8, 0.034978},
-    {1024, 1, 0.132740}, {1024, 2, 0.083221}, {1024, 4, 0.063999}, {1024, 8, 0.059524},
-    {2048, 1, 0.355045}, {2048, 2, 0.206058}, {2048, 4, 0.139154}, {2048, 8, 0.111155},
-    {4096, 1, 1.055083}, {4096, 2, 0.586705}, {4096, 4, 0.362788}, {4096, 8, 0.255321},
-    {8192, 1, 3.706723}, {8192, 2, 1.894049}, {8192, 4, 1.080595}, {8192, 8, 0.684665},
-    {16384, 1, 13.503299}, {16384, 2, 6.850687}, {16384, 4, 3.616536}, {16384, 8, 2.103287},
-    {32768, 1, 51.893895}, {32768, 2, 26.339693}, {32768, 4, 13.501856}, {32768, 8, 7.182446},
-    {65536, 1, 206.286644}, {65536, 2, 103.063624}, {65536, 4, 51.688211}, {65536, 8, 25.727874}}};
+constexpr std::array<std::array<double, 3>, 44> kDistcaAttnH100{
+    {{64, 1, 0.028433},      {64, 2, 0.020913},      {64, 4, 0.023159},     {64, 8, 0.025449},     {128, 1, 0.030415},
+     {128, 2, 0.026248},     {128, 4, 0.027149},     {128, 8, 0.027613},    {256, 1, 0.036643},    {256, 2, 0.026124},
+     {256, 4, 0.025369},     {256, 8, 0.026465},     {512, 1, 0.061332},    {512, 2, 0.041245},    {512, 4, 0.037164},
+     {512, 8, 0.034978},     {1024, 1, 0.132740},    {1024, 2, 0.083221},   {1024, 4, 0.063999},   {1024, 8, 0.059524},
+     {2048, 1, 0.355045},    {2048, 2, 0.206058},    {2048, 4, 0.139154},   {2048, 8, 0.111155},   {4096, 1, 1.055083},
+     {4096, 2, 0.586705},    {4096, 4, 0.362788},    {4096, 8, 0.255321},   {8192, 1, 3.706723},   {8192, 2, 1.894049},
+     {8192, 4, 1.080595},    {8192, 8, 0.684665},    {16384, 1, 13.503299}, {16384, 2, 6.850687},  {16384, 4, 3.616536},
+     {16384, 8, 2.103287},   {32768, 1, 51.893895},  {32768, 2, 26.339693}, {32768, 4, 13.501856}, {32768, 8, 7.182446},
+     {65536, 1, 206.286644}, {65536, 2, 103.063624}, {65536, 4, 51.688211}, {65536, 8, 25.727874}}};
 
 std::string fmt_fit(const FitReport& r) {
-  return detail::cat(r.samples, " points, rms relative error ", std::round(r.rms_relative_error * 1000) / 10,
-                     "%, max ", std::round(r.max_relative_error * 1000) / 10, "%");
+  return detail::cat(r.samples, " points, rms relative error ", std::round(r.rms_relative_error * 1000) / 10, "%, max ",
+                     std::round(r.max_relative_error * 1000) / 10, "%");
 }
 
 CostModel scaled(CostModel m, double k) {
@@ -138,8 +136,8 @@ CostModel bytescale_fig6a() {
   FitReport rep;
   CostModel m = scaled(fit_compute(CostModel{}, samples, &rep), kStepScale);
   m.name = "bytescale-fig6a";
-  m.source = "ByteScale Fig. 6a per-layer attention+MLP forward times (4K-128K), fitted per layer (" +
-             fmt_fit(rep) + "), scaled to a 32-layer fwd+bwd step";
+  m.source = "ByteScale Fig. 6a per-layer attention+MLP forward times (4K-128K), fitted per layer (" + fmt_fit(rep) +
+             "), scaled to a 32-layer fwd+bwd step";
   return m;
 }
 
@@ -151,7 +149,8 @@ CostModel h100_distca() {
   CostModel attn = fit_compute(CostModel{}, samples, &rep);
   // The attention profile has no MLP; take the linear term from ByteScale's MLP column.
   std::vector<ComputeSample> mlp;
-  for (const auto& row : kByteScaleFig6a) mlp.push_back({{static_cast<std::int64_t>(row[0])}, 1, row[2] * 1e-3, Mask::Causal});
+  for (const auto& row : kByteScaleFig6a)
+    mlp.push_back({{static_cast<std::int64_t>(row[0])}, 1, row[2] * 1e-3, Mask::Causal});
   FitReport rep_mlp;
   CostModel lin = fit_compute(CostModel{}, mlp, &rep_mlp);
   CostModel m = attn;

@@ -73,6 +73,29 @@ double CostModel::time(const GroupStats& g, int d, const Cluster& c) const {
   return time(g, d, d > c.ranks_per_node, c);
 }
 
+int CostModel::best_degree(const GroupStats& g, int dmin, const Cluster& c) const {
+  const int P = c.num_ranks, rpn = c.ranks_per_node;
+  const int lo[2] = {dmin, std::max(dmin, rpn + 1)}, hi[2] = {std::min(rpn, P), P};
+  int best = 0;
+  double best_t = 0.0;
+  for (int k = 0; k < 2; ++k) {
+    int a = lo[k], z = hi[k];
+    if (a > z) continue;
+    while (z - a > 2) {
+      const int m1 = a + (z - a) / 3, m2 = z - (z - a) / 3;
+      if (time(g, m1, c) <= time(g, m2, c))
+        z = m2;
+      else
+        a = m1;
+    }
+    for (int d = a; d <= z; ++d) {
+      const double t = time(g, d, c);
+      if (best == 0 || t < best_t) best = d, best_t = t;
+    }
+  }
+  return best == 0 ? dmin : best;
+}
+
 double CostModel::memory(const GroupStats& g, int d) const {
   return mem_per_token * static_cast<double>(g.tokens) / d + mem_static;
 }
@@ -91,7 +114,8 @@ std::string CostModel::describe() const {
 
 GroupStats group_stats(const Batch& batch, const CostModel& cost, std::span<const std::int64_t> ids) {
   GroupStats g;
-  for (auto id : ids) g.add(batch.lengths[static_cast<std::size_t>(id)], cost.eta(batch.mask(static_cast<std::size_t>(id))));
+  for (auto id : ids)
+    g.add(batch.lengths[static_cast<std::size_t>(id)], cost.eta(batch.mask(static_cast<std::size_t>(id))));
   return g;
 }
 

@@ -28,14 +28,16 @@ void Plan::validate(const Batch& batch, const Cluster& cluster, const CostModel&
       if (g.ranks.empty()) invalid("microbatch ", m, " group ", gi, " has no ranks");
       if (g.sequences.empty()) invalid("microbatch ", m, " group ", gi, " has no sequences");
       for (int r : g.ranks) {
-        if (r < 0 || r >= num_ranks) invalid("microbatch ", m, " group ", gi, " names rank ", r, " outside [0, ", num_ranks, ")");
+        if (r < 0 || r >= num_ranks)
+          invalid("microbatch ", m, " group ", gi, " names rank ", r, " outside [0, ", num_ranks, ")");
         if (rank_slot[static_cast<std::size_t>(r)] == static_cast<int>(m))
           invalid("rank ", r, " appears more than once in microbatch ", m);
         rank_slot[static_cast<std::size_t>(r)] = static_cast<int>(m);
       }
       std::int64_t tokens = 0;
       for (auto id : g.sequences) {
-        if (id < 0 || id >= n) invalid("microbatch ", m, " group ", gi, " names sequence ", id, " outside [0, ", n, ")");
+        if (id < 0 || id >= n)
+          invalid("microbatch ", m, " group ", gi, " names sequence ", id, " outside [0, ", n, ")");
         if (seen[static_cast<std::size_t>(id)]++) invalid("sequence ", id, " appears more than once in the plan");
         tokens += batch.lengths[static_cast<std::size_t>(id)];
       }

@@ -2,14 +2,15 @@
 // Hybrid Data Parallelism:
 //   - a sequence uses the fewest ranks that hold it, any number (data-aware sharding, no offload);
 //   - sequences, longest first, are cut into buckets of roughly equal FLOPs;
-//   - while buckets remain, the ranks that lag the busiest one by more than delta (5 %) take work: each gets a
-//     microbatch best-fit packed up to the capacity from the first bucket (DP-Balance, pp = 1) or round-robin
-//     across buckets (PP-Balance, pp > 1); a multi-rank sequence takes that many lagging ranks at once;
+//   - while buckets remain, the least-loaded rank takes work (ByteScale's "lagging ranks first"): a microbatch
+//     packed up to the capacity from the first bucket (DP-Balance, pp = 1) or round-robin across buckets
+//     (PP-Balance, pp > 1); a multi-rank sequence takes that many least-loaded ranks at once;
 //   - ranks run as many microbatches as they are given (variable counts).
 #include <algorithm>
 #include <cmath>
 #include <deque>
 #include <numeric>
+#include <set>
 
 #include "dynacp/solve/strategies.hpp"
 #include "dynacp/solve/timeline.hpp"
@@ -31,8 +32,8 @@ Plan bytescale(const Batch& batch, const Cluster& cluster, const CostModel& cost
     total_work += cost.work(len(id), batch.mask(static_cast<std::size_t>(id)));
     total_tokens += len(id);
   }
-  const std::size_t nb = static_cast<std::size_t>(std::clamp<std::int64_t>(
-      (total_tokens + cap * P - 1) / (cap * P), 1, static_cast<std::int64_t>(order.size())));
+  const std::size_t nb = static_cast<std::size_t>(
+      std::clamp<std::int64_t>((total_tokens + cap * P - 1) / (cap * P), 1, static_cast<std::int64_t>(order.size())));
   std::vector<std::deque<std::int64_t>> buckets(nb);
   {
     const double target = total_work / static_cast<double>(nb);
@@ -58,37 +59,26 @@ Plan bytescale(const Batch& batch, const Cluster& cluster, const CostModel& cost
     }
     return nullptr;
   };
-  constexpr double kDelta = 0.05;
+  // ByteScale hands work to the ranks that lag the busiest by more than delta, least loaded first; handing each
+  // microbatch to the least-loaded rank is the same order. Ranks ordered by the time they free up (ties by index); kept
+  // in step with the timeline.
+  std::set<std::pair<double, int>> by_free;
+  for (int r = 0; r < P; ++r) by_free.insert({0.0, r});
+  auto commit = [&](std::vector<int> ranks, std::vector<std::int64_t> ids) {
+    for (int r : ranks) by_free.erase({tl.free()[static_cast<std::size_t>(r)], r});
+    tl.add(ranks, std::move(ids));
+    for (int r : ranks) by_free.insert({tl.free()[static_cast<std::size_t>(r)], r});
+  };
   for (auto* bucket = next_bucket(); bucket; bucket = next_bucket()) {
-    const auto& free = tl.free();
-    const double mx = *std::max_element(free.begin(), free.end());
-    std::vector<int> targets;
-    for (int r = 0; r < P; ++r)
-      if (mx - free[static_cast<std::size_t>(r)] > kDelta * mx) targets.push_back(r);
-    if (targets.empty()) {
-      targets.resize(static_cast<std::size_t>(P));
-      std::iota(targets.begin(), targets.end(), 0);
-    }
-    std::stable_sort(targets.begin(), targets.end(), [&](int a, int b) {
-      return free[static_cast<std::size_t>(a)] < free[static_cast<std::size_t>(b)];
-    });
     const std::int64_t head = bucket->front();
     const int need = cost.min_degree(len(head), cluster);
     if (need > 1) {
+      // the `need` least-loaded ranks (lagging ones come first in this order anyway)
       bucket->pop_front();
       std::vector<int> ranks;
-      if (static_cast<int>(targets.size()) >= need) {
-        ranks.assign(targets.begin(), targets.begin() + need);
-      } else {  // not enough lagging ranks: take the least loaded of all
-        std::vector<int> all(static_cast<std::size_t>(P));
-        std::iota(all.begin(), all.end(), 0);
-        std::stable_sort(all.begin(), all.end(), [&](int a, int b) {
-          return free[static_cast<std::size_t>(a)] < free[static_cast<std::size_t>(b)];
-        });
-        ranks.assign(all.begin(), all.begin() + need);
-      }
+      for (auto it = by_free.begin(); static_cast<int>(ranks.size()) < need; ++it) ranks.push_back(it->second);
       std::sort(ranks.begin(), ranks.end());
-      tl.add(std::move(ranks), {head});
+      commit(std::move(ranks), {head});
       continue;
     }
     // one microbatch for the most lagging rank: best-fit pack single-rank sequences of this bucket
@@ -102,9 +92,13 @@ Plan bytescale(const Batch& batch, const Cluster& cluster, const CostModel& cost
       } else {
         ++it;
       }
-      if (room == 0) break;
+      if (room < len(bucket->empty() ? 0 : bucket->back())) break;  // the bucket is sorted longest first
     }
-    tl.add({targets.front()}, std::move(mb));
+    if (mb.empty()) {  // only multi-rank sequences left behind the head: take the next one
+      mb.push_back(bucket->front());
+      bucket->pop_front();
+    }
+    commit({by_free.begin()->second}, std::move(mb));
   }
   return tl.to_plan();
 }

@@ -23,14 +23,21 @@ void check(const DegreeProblem& p) {
             "; split the batch into more microbatches");
 }
 
-// prefix-min table: best[i][k] = min_{d_min <= d <= d_min + k} T_i(d), k in [0, slack]
+// Extra ranks worth considering for group i: up to its cap, at most the slack.
+int useful(const DegreeProblem& p, std::size_t i, int slack) {
+  if (p.max_degree.empty()) return slack;
+  return std::clamp(p.max_degree[i] - p.min_degree[i], 0, slack);
+}
+
+// prefix-min table: best[i][k] = min_{d_min <= d <= d_min + k} T_i(d), k in [0, useful extra ranks]
 std::vector<std::vector<double>> prefix_min(const DegreeProblem& p, int slack) {
   std::vector<std::vector<double>> best(p.min_degree.size());
   for (std::size_t i = 0; i < best.size(); ++i) {
     auto& row = best[i];
-    row.resize(static_cast<std::size_t>(slack) + 1);
+    row.resize(static_cast<std::size_t>(useful(p, i, slack)) + 1);
     double m = kInf;
-    for (int k = 0; k <= slack; ++k) row[static_cast<std::size_t>(k)] = m = std::min(m, p.time(i, p.min_degree[i] + k));
+    for (std::size_t k = 0; k < row.size(); ++k)
+      row[k] = m = std::min(m, p.time(i, p.min_degree[i] + static_cast<int>(k)));
   }
   return best;
 }
@@ -45,14 +52,13 @@ DegreeResult degrees_at(const DegreeProblem& p, const std::vector<std::vector<do
     const auto it = std::partition_point(row.begin(), row.end(), [t](double v) { return v > t; });
     const int k = static_cast<int>(it - row.begin());
     r.degrees[i] = p.min_degree[i] + k;
-    r.makespan = std::max(r.makespan, row[static_cast<std::size_t>(std::min<std::size_t>(static_cast<std::size_t>(k), row.size() - 1))]);
+    r.makespan = std::max(
+        r.makespan, row[static_cast<std::size_t>(std::min<std::size_t>(static_cast<std::size_t>(k), row.size() - 1))]);
   }
   return r;
 }
 
-int slack_of(const DegreeProblem& p) {
-  return p.ranks - std::accumulate(p.min_degree.begin(), p.min_degree.end(), 0);
-}
+int slack_of(const DegreeProblem& p) { return p.ranks - std::accumulate(p.min_degree.begin(), p.min_degree.end(), 0); }
 
 }  // namespace
 
@@ -65,7 +71,8 @@ DegreeResult allocate_degrees_dp(const DegreeProblem& p) {
   std::vector<double> prev(static_cast<std::size_t>(slack) + 1, 0.0), cur(prev.size());
   for (std::size_t i = 0; i < K; ++i) {
     std::vector<double> t(static_cast<std::size_t>(slack) + 1);
-    for (int k = 0; k <= slack; ++k) t[static_cast<std::size_t>(k)] = p.time(i, p.min_degree[i] + k);
+    const int cap = useful(p, i, slack);  // degrees past the cap are never faster: leave them out
+    for (int k = 0; k <= slack; ++k) t[static_cast<std::size_t>(k)] = k <= cap ? p.time(i, p.min_degree[i] + k) : kInf;
     for (int e = 0; e <= slack; ++e) {
       double v = kInf;
       for (int k = 0; k <= e; ++k)

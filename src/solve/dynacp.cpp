@@ -11,9 +11,10 @@
 // refined around the best. The other strategies' plans are candidates too, so dynacp is never worse.
 #include <algorithm>
 #include <cmath>
-#include <numeric>
-#include <queue>
 #include <limits>
+#include <numeric>
+#include <optional>
+#include <queue>
 #include <set>
 
 #include "dynacp/model/error.hpp"
@@ -31,12 +32,13 @@ struct Seq {
   double eta;
   double work;  // eta*a*s^2 + b*s
   int dmin;
+  double t1 = 0.0;  // T(s, 1)
   // T(s, d) is unimodal on each of the two pieces [dmin, rpn] (ring inside a node) and [rpn+1, P] (across
   // nodes); arg[k] is the minimiser of piece k (0 when the piece is empty).
   int lo[2] = {0, 0}, hi[2] = {0, 0}, arg[2] = {0, 0};
 };
 
-struct Bin {  // one group of short sequences on one rank
+struct Bin {                      // one group of short sequences on one rank
   std::vector<std::size_t> seqs;  // indices into the Seq array
   std::int64_t tokens = 0;
   double work = 0.0;
@@ -46,7 +48,8 @@ struct Bin {  // one group of short sequences on one rank
 // in O(rpn log nodes) per update: for each k, a set of (k-th smallest free time of a node, node).
 class NodePicker {
  public:
-  NodePicker(int P, int rpn) : rpn_(rpn), nodes_(P / rpn), sorted_(static_cast<std::size_t>(P / rpn)), kth_(static_cast<std::size_t>(rpn)) {
+  NodePicker(int P, int rpn)
+      : rpn_(rpn), nodes_(P / rpn), sorted_(static_cast<std::size_t>(P / rpn)), kth_(static_cast<std::size_t>(rpn)) {
     for (int n = 0; n < nodes_; ++n) {
       for (int j = 0; j < rpn; ++j) sorted_[static_cast<std::size_t>(n)].push_back({0.0, n * rpn + j});
       for (int k = 0; k < rpn; ++k) kth_[static_cast<std::size_t>(k)].insert({0.0, n});
@@ -57,7 +60,8 @@ class NodePicker {
     std::vector<int> out;
     if (d <= rpn_) {
       const int node = kth_[static_cast<std::size_t>(d - 1)].begin()->second;
-      for (int j = 0; j < d; ++j) out.push_back(sorted_[static_cast<std::size_t>(node)][static_cast<std::size_t>(j)].second);
+      for (int j = 0; j < d; ++j)
+        out.push_back(sorted_[static_cast<std::size_t>(node)][static_cast<std::size_t>(j)].second);
     } else {
       const int k = std::min(nodes_, (d + rpn_ - 1) / rpn_);
       int best = 0;
@@ -81,10 +85,12 @@ class NodePicker {
 
   void update(int node, const std::vector<double>& free) {
     auto& s = sorted_[static_cast<std::size_t>(node)];
-    for (int k = 0; k < rpn_; ++k) kth_[static_cast<std::size_t>(k)].erase({s[static_cast<std::size_t>(k)].first, node});
+    for (int k = 0; k < rpn_; ++k)
+      kth_[static_cast<std::size_t>(k)].erase({s[static_cast<std::size_t>(k)].first, node});
     for (auto& [t, r] : s) t = free[static_cast<std::size_t>(r)];
     std::sort(s.begin(), s.end());
-    for (int k = 0; k < rpn_; ++k) kth_[static_cast<std::size_t>(k)].insert({s[static_cast<std::size_t>(k)].first, node});
+    for (int k = 0; k < rpn_; ++k)
+      kth_[static_cast<std::size_t>(k)].insert({s[static_cast<std::size_t>(k)].first, node});
   }
 
  private:
@@ -109,12 +115,16 @@ class Builder {
         int a = q.lo[k], z = q.hi[k];  // integer ternary search for the minimum of a unimodal function
         while (z - a > 2) {
           const int m1 = a + (z - a) / 3, m2 = z - (z - a) / 3;
-          if (time1(q, m1) <= time1(q, m2)) z = m2; else a = m1;
+          if (time1(q, m1) <= time1(q, m2))
+            z = m2;
+          else
+            a = m1;
         }
         q.arg[k] = a;
         for (int d = a + 1; d <= z; ++d)
           if (time1(q, d) < time1(q, q.arg[k])) q.arg[k] = d;
       }
+      q.t1 = time1(q, 1);
       seqs_.push_back(q);
     }
     order_.resize(seqs_.size());
@@ -139,7 +149,10 @@ class Builder {
         int a = s.lo[k], z = s.arg[k];
         while (a < z) {
           const int m = a + (z - a) / 2;
-          if (time1(s, m) <= tau) z = m; else a = m + 1;
+          if (time1(s, m) <= tau)
+            z = m;
+          else
+            a = m + 1;
         }
         return a;
       }
@@ -172,8 +185,10 @@ class Builder {
     std::vector<Ring> rings;
     for (std::size_t i : subset) {
       const Seq& q = seqs_[i];
-      if (q.dmin == 1 && time1(q, 1) <= tau) shorts.push_back(i);
-      else rings.push_back({i, degree_for(q, tau), 0.0});
+      if (q.dmin == 1 && q.t1 <= tau)
+        shorts.push_back(i);
+      else
+        rings.push_back({i, degree_for(q, tau), 0.0});
     }
     for (auto& r : rings) r.t = time1(seqs_[r.seq], r.d);
     std::stable_sort(rings.begin(), rings.end(), [](const Ring& a, const Ring& b) { return a.t * a.d > b.t * b.d; });
@@ -258,7 +273,8 @@ class Builder {
       std::size_t best = 0;
       bool found = false;
       for (std::size_t k = 0; k < slots.size(); ++k)
-        if (tokens[k] + static_cast<double>(seqs_[i].len) <= slot_cap && (!found || work[k] < work[best])) best = k, found = true;
+        if (tokens[k] + static_cast<double>(seqs_[i].len) <= slot_cap && (!found || work[k] < work[best]))
+          best = k, found = true;
       if (!found) best = static_cast<std::size_t>(std::min_element(work.begin(), work.end()) - work.begin());
       slots[best].push_back(i), work[best] += seqs_[i].work, tokens[best] += static_cast<double>(seqs_[i].len);
     }
@@ -302,20 +318,20 @@ class Builder {
     std::vector<Ring> rings;
     for (std::size_t i : order_) {
       const Seq& s = seqs_[i];
-      if (s.dmin == 1 && time1(s, 1) + cost_.group_overhead * 0 <= tau) {
+      if (s.dmin == 1 && s.t1 <= tau) {
         shorts.push_back(i);
         continue;
       }
       const int chosen = degree_for(s, tau);
       rings.push_back({i, chosen, time1(s, chosen)});
     }
-    std::stable_sort(rings.begin(), rings.end(),
-                     [](const Ring& a, const Ring& b) { return a.t * a.d > b.t * b.d; });
-    NodePicker picker(P, rpn);
+    std::stable_sort(rings.begin(), rings.end(), [](const Ring& a, const Ring& b) { return a.t * a.d > b.t * b.d; });
+    std::optional<NodePicker> picker;
+    if (!rings.empty()) picker.emplace(P, rpn);
     for (const auto& ring : rings) {
-      auto ranks = picker.pick(ring.d, tl.free());
+      auto ranks = picker->pick(ring.d, tl.free());
       tl.add(ranks, {seqs_[ring.seq].id});
-      for (int node = ranks.front() / rpn; node <= ranks.back() / rpn; ++node) picker.update(node, tl.free());
+      for (int node = ranks.front() / rpn; node <= ranks.back() / rpn; ++node) picker->update(node, tl.free());
     }
 
     // 2. shorts: longest work first onto the rank that finishes earliest
@@ -373,12 +389,19 @@ class Builder {
     std::iota(recv.begin(), recv.end(), 0);
     const int kRecv = std::min(P, 8);
     std::partial_sort(recv.begin(), recv.begin() + kRecv, recv.end(), [&](int a, int b) {
-      return fin[static_cast<std::size_t>(a)] != fin[static_cast<std::size_t>(b)] ? fin[static_cast<std::size_t>(a)] < fin[static_cast<std::size_t>(b)] : a < b;
+      return fin[static_cast<std::size_t>(a)] != fin[static_cast<std::size_t>(b)]
+                 ? fin[static_cast<std::size_t>(a)] < fin[static_cast<std::size_t>(b)]
+                 : a < b;
     });
-    for (std::size_t bi = 0; bi < hb.size(); ++bi) {
-      for (std::size_t k = 0; k < hb[bi].seqs.size(); ++k) {
+    // Bounded neighbourhood: at most kItems sequences of the slowest rank, each against at most kItems of a
+    // receiver, so one round costs O(kRecv * kItems^2) however many sequences a rank holds.
+    constexpr std::size_t kItems = 48;
+    std::size_t tried = 0;
+    for (std::size_t bi = 0; bi < hb.size() && tried < kItems; ++bi) {
+      for (std::size_t k = 0; k < hb[bi].seqs.size() && tried < kItems; ++k, ++tried) {
         const Seq& s = seqs_[hb[bi].seqs[k]];
-        const double hi_after = fin[static_cast<std::size_t>(hi)] - s.work - (hb[bi].seqs.size() == 1 ? cost_.group_overhead : 0.0);
+        const double hi_after =
+            fin[static_cast<std::size_t>(hi)] - s.work - (hb[bi].seqs.size() == 1 ? cost_.group_overhead : 0.0);
         for (int q = 0; q < kRecv; ++q) {
           const int lo = recv[static_cast<std::size_t>(q)];
           if (lo == hi) continue;
@@ -394,8 +417,9 @@ class Builder {
             return true;
           }
           // swap with a lighter sequence of the receiver
+          std::size_t seen = 0;
           for (auto& rb : lb)
-            for (std::size_t j = 0; j < rb.seqs.size(); ++j) {
+            for (std::size_t j = 0; j < rb.seqs.size() && seen < kItems; ++j, ++seen) {
               const Seq& t = seqs_[rb.seqs[j]];
               if (t.work >= s.work) continue;
               if (hb[bi].tokens - s.len + t.len > cap_ || rb.tokens - t.len + s.len > cap_) continue;
@@ -453,7 +477,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
   const Builder b(batch, cluster, cost);
   const double lo = std::max(lower_bound(batch, cluster, cost), 1e-12);
   const double hi = std::max(b.upper_tau(), lo);
-  constexpr int kGrid = 12;
+  constexpr int kGrid = 8;
   constexpr int kLocalSearch = 200;
   std::vector<double> taus;
   for (int k = 0; k <= kGrid; ++k) taus.push_back(lo * std::pow(hi / lo, static_cast<double>(k) / kGrid));
@@ -465,9 +489,9 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
   for (double tau : taus) attempt(tau);
   // refine between the neighbours of the best grid point
   const double step = std::pow(hi / lo, 1.0 / kGrid);
-  for (int k = 1; k <= 6; ++k) {
-    attempt(best_tau * std::pow(step, k / 7.0));
-    attempt(best_tau / std::pow(step, k / 7.0));
+  for (int k = 1; k <= 3; ++k) {
+    attempt(best_tau * std::pow(step, k / 4.0));
+    attempt(best_tau / std::pow(step, k / 4.0));
   }
   std::vector<Plan> candidates(1);
   b.build(best_tau, kLocalSearch, &candidates[0]);
@@ -489,8 +513,9 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     for (auto& p : candidates)
       if (counts_ok(p, cluster.num_ranks, options)) ok.push_back(std::move(p));
     if (ok.empty())
-      throw InvalidArgument("dynacp: no plan meets the count policy (equal counts need at least one sequence per "
-                            "rank and microbatch; interleaving needs counts divisible by pp)");
+      throw InvalidArgument(
+          "dynacp: no plan meets the count policy (equal counts need at least one sequence per "
+          "rank and microbatch; interleaving needs counts divisible by pp)");
     candidates = std::move(ok);
   }
   return best_of(std::move(candidates), batch, cluster, cost, options);

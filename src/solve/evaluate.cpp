@@ -34,17 +34,22 @@ Predicted evaluate(const Plan& plan, const Batch& batch, const Cluster& cluster,
 }
 
 double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost) {
-  const auto [avg, longest] = lower_bound_terms(batch, cluster, cost);
-  return std::max(avg, longest);
+  const auto t = lower_bound_terms(batch, cluster, cost);
+  return std::max({t.average, t.single, t.wide});
 }
 
-std::pair<double, double> lower_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost) {
-  // The best time of a sequence alone grows with its length (for a given mask), so only the longest sequence
-  // of each mask kind can set the second term.
-  double work = 0.0, longest = 0.0;
+LowerBoundTerms lower_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost) {
+  // single: the best time of the hardest sequence alone grows with length for a given mask, so only the longest
+  //         sequence of each mask kind is tried.
+  // wide:   sequences needing more than half the pool can never run side by side (in one group or several), and
+  //         any group takes at least its compute time (a eta s^2 + b s) / d + c with d <= P.
+  double work = 0.0, longest = 0.0, wide = 0.0;
   std::int64_t max_len[2] = {0, 0};
+  const std::int64_t cap = cost.token_capacity(cluster);
   for (std::size_t i = 0; i < batch.size(); ++i) {
-    work += cost.work(batch.lengths[i], batch.mask(i));
+    const double w = cost.work(batch.lengths[i], batch.mask(i));
+    work += w;
+    if (2 * ((batch.lengths[i] + cap - 1) / cap) > cluster.num_ranks) wide += w;
     auto& m = max_len[static_cast<int>(batch.mask(i))];
     m = std::max(m, batch.lengths[i]);
   }
@@ -52,12 +57,18 @@ std::pair<double, double> lower_bound_terms(const Batch& batch, const Cluster& c
     if (max_len[k] == 0) continue;
     GroupStats g;
     g.add(max_len[k], cost.eta(static_cast<Mask>(k)));
+    // a full scan (not best_degree's ternary search): a lower bound must hold for any shape of T(d)
     const int dmin = cost.min_degree(max_len[k], cluster);
     double best = cost.time(g, dmin, cluster);
     for (int d = dmin + 1; d <= cluster.num_ranks; ++d) best = std::min(best, cost.time(g, d, cluster));
     longest = std::max(longest, best);
   }
-  return {work / cluster.num_ranks, longest};
+  LowerBoundTerms t;
+  t.average = work / cluster.num_ranks;
+  t.single = longest;
+  t.wide = wide > 0 ? wide / cluster.num_ranks + cost.group_overhead : 0.0;
+  t.wide_work = wide;
+  return t;
 }
 
 }  // namespace dynacp::solve

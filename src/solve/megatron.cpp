@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <set>
 
 #include "dynacp/model/error.hpp"
 #include "dynacp/solve/strategies.hpp"
@@ -48,10 +49,13 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
   std::iota(remaining.begin(), remaining.end(), std::int64_t{0});
   Plan plan;
   while (!remaining.empty()) {
-    std::stable_sort(remaining.begin(), remaining.end(), [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
+    std::stable_sort(remaining.begin(), remaining.end(),
+                     [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
     const std::int64_t tall = len(remaining.front());
     const double cost_cap = static_cast<double>(tall) * static_cast<double>(cap) * 1.05;
     std::vector<MGroup> groups;
+    // groups of each CP size, by their sum s^2 (the least loaded first; ties by creation order)
+    std::vector<std::set<std::pair<double, std::size_t>>> by_size(static_cast<std::size_t>(P) + 1);
     int used = 0;
     double global_max = 0.0;
     std::vector<std::int64_t> leftover;
@@ -61,6 +65,9 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
       g.sq += static_cast<double>(len(id)) * static_cast<double>(len(id));
       global_max = std::max(global_max, g.cost());
     };
+    // a group that cannot take even the shortest remaining sequence leaves the "add" candidates
+    const std::int64_t shortest = len(remaining.back());
+    auto has_room = [&](const MGroup& g) { return static_cast<std::int64_t>(g.size) * cap - g.tokens >= shortest; };
     for (std::size_t k = 0; k < remaining.size(); ++k) {
       const std::int64_t id = remaining[k];
       const std::int64_t s = len(id);
@@ -71,12 +78,14 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
       double best_score = 0.0;
       for (int cp = cp_min(s); cp <= P; cp = (cp == P ? P + 1 : std::min(cp * 2, P))) {
         if (k > 0) {
-          for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+          // the score grows with the group's sum s^2, so the first group with token room is the best "add"
+          for (const auto& [sq, gi] : by_size[static_cast<std::size_t>(cp)]) {
             const MGroup& g = groups[gi];
-            if (g.size != cp || (g.tokens + s + cp - 1) / cp > cap) continue;
+            if ((g.tokens + s + cp - 1) / cp > cap) continue;
             const double score = std::max(global_max, (g.sq + s2) / cp);
             if (score <= cost_cap && (best_kind < 0 || score < best_score))
               best_kind = 0, best_group = gi, best_cp = cp, best_score = score;
+            break;
           }
         }
         if (used + cp <= P && (s + cp - 1) / cp <= cap) {
@@ -88,11 +97,16 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
         if (cp == P) break;
       }
       if (best_kind == 0) {
+        auto& set = by_size[static_cast<std::size_t>(best_cp)];
+        set.erase({groups[best_group].sq, best_group});
         add_to(groups[best_group], id);
+        if (has_room(groups[best_group])) set.insert({groups[best_group].sq, best_group});
       } else if (best_kind == 1) {
         groups.push_back({best_cp, {}, 0, 0.0});
         used += best_cp;
         add_to(groups.back(), id);
+        if (has_room(groups.back()))
+          by_size[static_cast<std::size_t>(best_cp)].insert({groups.back().sq, groups.size() - 1});
       } else {
         leftover.push_back(id);
       }
@@ -113,8 +127,10 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
       std::stable_sort(all.begin(), all.end(), [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
       groups.assign(1, MGroup{P, {}, 0, 0.0});
       for (auto id : all) {
-        if ((groups[0].tokens + len(id) + P - 1) / P <= cap) add_to(groups[0], id);
-        else leftover.push_back(id);
+        if ((groups[0].tokens + len(id) + P - 1) / P <= cap)
+          add_to(groups[0], id);
+        else
+          leftover.push_back(id);
       }
     }
     if (groups.empty() || std::all_of(groups.begin(), groups.end(), [](const MGroup& g) { return g.ids.empty(); }))

@@ -45,7 +45,7 @@ std::vector<AtomicGroup> best_fit_decreasing(const Batch& batch, const CostModel
   for (auto id : sorted_by_length_desc(batch, ids)) {
     const std::int64_t len = batch.lengths[static_cast<std::size_t>(id)];
     const double eta = cost.eta(batch.mask(static_cast<std::size_t>(id)));
-    const int dmin = cost.min_degree(len, cluster);
+    const int dmin = static_cast<int>(std::max<std::int64_t>(1, (len + cap - 1) / cap));
     std::size_t best = groups.size();
     if (dmin == 1) {
       for (std::size_t k = 0; k < groups.size(); ++k)
@@ -72,7 +72,8 @@ std::vector<std::vector<std::int64_t>> split_waves(const Batch& batch, const Cos
   };
   std::int64_t dmin_sum = 0;
   for (const auto& g : best_fit_decreasing(batch, cost, cluster, ids)) dmin_sum += g.min_degree;
-  std::size_t waves = static_cast<std::size_t>(std::max<std::int64_t>(1, (dmin_sum + cluster.num_ranks - 1) / cluster.num_ranks));
+  std::size_t waves =
+      static_cast<std::size_t>(std::max<std::int64_t>(1, (dmin_sum + cluster.num_ranks - 1) / cluster.num_ranks));
   for (; waves <= order.size(); ++waves) {
     std::vector<std::vector<std::int64_t>> out(waves);
     std::vector<std::int64_t> load(waves, 0);

@@ -53,8 +53,9 @@ std::vector<std::vector<int>> place_groups(const std::vector<int>& degrees, cons
         // Spread over the nodes with the most free ranks (fewest nodes), ties by node index.
         std::vector<int> idx(static_cast<std::size_t>(nodes));
         std::iota(idx.begin(), idx.end(), 0);
-        std::stable_sort(idx.begin(), idx.end(),
-                         [&](int a, int b) { return used[static_cast<std::size_t>(a)] < used[static_cast<std::size_t>(b)]; });
+        std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) {
+          return used[static_cast<std::size_t>(a)] < used[static_cast<std::size_t>(b)];
+        });
         for (int k : idx) {
           const int n = std::min(need, rpn - used[static_cast<std::size_t>(k)]);
           take(ring, k, n);

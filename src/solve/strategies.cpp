@@ -52,7 +52,10 @@ Plan fcp(const Batch& batch, const Cluster& cluster, const CostModel& cost, cons
     const auto groups = best_fit_decreasing(batch, cost, cluster, wave);
     DegreeProblem prob;
     prob.ranks = cluster.num_ranks;
-    for (const auto& g : groups) prob.min_degree.push_back(g.min_degree);
+    for (const auto& g : groups) {
+      prob.min_degree.push_back(g.min_degree);
+      prob.max_degree.push_back(cost.best_degree(g.stats, g.min_degree, cluster));
+    }
     prob.time = [&](std::size_t i, int d) { return cost.time(groups[i].stats, d, cluster); };
     const auto alloc = allocate_degrees(prob);
     const auto rings = place_groups(alloc.degrees, cluster);

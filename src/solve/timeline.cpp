@@ -36,7 +36,8 @@ Plan TimelineBuilder::to_plan() const {
     int slot = 0;
     for (int r : g.ranks) slot = std::max(slot, next[static_cast<std::size_t>(r)]);
     for (int r : g.ranks) next[static_cast<std::size_t>(r)] = slot + 1;
-    if (plan.microbatches.size() <= static_cast<std::size_t>(slot)) plan.microbatches.resize(static_cast<std::size_t>(slot) + 1);
+    if (plan.microbatches.size() <= static_cast<std::size_t>(slot))
+      plan.microbatches.resize(static_cast<std::size_t>(slot) + 1);
     plan.microbatches[static_cast<std::size_t>(slot)].push_back(g);
   }
   return plan;

@@ -45,7 +45,8 @@ Cluster make_cluster(int P, int rpn, std::int64_t cap_tokens, const CostModel& c
 Batch random_batch(std::mt19937_64& rng, int n, std::int64_t max_len, bool masks) {
   std::lognormal_distribution<double> logn(7.0, 1.5);
   Batch b;
-  for (int i = 0; i < n; ++i) b.lengths.push_back(std::clamp<std::int64_t>(static_cast<std::int64_t>(logn(rng)), 1, max_len));
+  for (int i = 0; i < n; ++i)
+    b.lengths.push_back(std::clamp<std::int64_t>(static_cast<std::int64_t>(logn(rng)), 1, max_len));
   if (masks)
     for (int i = 0; i < n; ++i) b.masks.push_back(rng() % 5 == 0 ? Mask::Full : Mask::Causal);
   return b;
@@ -68,7 +69,8 @@ TEST(Degrees, DpAndThresholdEqualExhaustiveSearch) {
       left -= dmin;
     }
     // Arbitrary (non-monotone) times: random table, sometimes the real cost shape.
-    std::vector<std::vector<double>> table(static_cast<std::size_t>(K), std::vector<double>(static_cast<std::size_t>(P) + 1));
+    std::vector<std::vector<double>> table(static_cast<std::size_t>(K),
+                                           std::vector<double>(static_cast<std::size_t>(P) + 1));
     std::uniform_real_distribution<double> u(0.0, 10.0);
     for (auto& row : table)
       for (auto& v : row) v = std::round(u(rng) * 4) / 4;  // coarse values create ties

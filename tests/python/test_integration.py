@@ -23,7 +23,6 @@ import torch.multiprocessing as mp
 import dynacp
 from dynacp.integration import (
     DynamicCPDataIterator,
-    megatron_packed_seq_params_class,
     Planner,
     allgather_kv_attention,
     cp_attention,
@@ -32,6 +31,7 @@ from dynacp.integration import (
     gpt_flops,
     make_process_groups,
     masked_token_loss,
+    megatron_packed_seq_params_class,
     padded_length,
     reduce_num_tokens,
     reference_attention,
@@ -142,7 +142,7 @@ def rank_share(samples: list, rank: int, world: int) -> list:
     return samples[rank * per:(rank + 1) * per]
 
 
-def split_slots_plan(lengths: np.ndarray) -> "dynacp.Plan":
+def split_slots_plan(lengths: np.ndarray) -> dynacp.Plan:
     """Variable-count plan: the fcp plan with every multi-rank group in a slot of its own and each rank's
     single-rank groups merged into one, so ranks run different numbers of microbatches (and sit out slots)."""
     base = dynacp.plan(lengths, cluster=dynacp.Cluster(**CLUSTER), cost=dynacp.CostModel(**COST), strategy="fcp")
@@ -181,7 +181,7 @@ def _train_worker(rank: int, world: int, kind: str, impl: str, steps: int, use_m
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     planner = make_planner(kind)
     per_step = []
-    for step in range(steps):
+    for _step in range(steps):
         it, num_mb, s1, s2 = wrap_data_iterator(stream, planner=planner, groups=groups, num_samples=3,
                                                 use_megatron=use_megatron)
         gb = get_wrapper(stream).last_batch
@@ -189,7 +189,7 @@ def _train_worker(rank: int, world: int, kind: str, impl: str, steps: int, use_m
         local_loss, local_count, mbs = 0.0, 0.0, []
         for mb in it:
             p = mb["packed_seq_params"]
-            logits = model(mb["tokens"], mb["position_ids"], lambda q, k, v: cp_attention(q, k, v, p, impl=impl))
+            logits = model(mb["tokens"], mb["position_ids"], lambda q, k, v, p=p: cp_attention(q, k, v, p, impl=impl))
             loss_sum, count = masked_token_loss(logits, mb["labels"], mb["loss_mask"])
             loss_sum.backward()
             local_loss += float(loss_sum.detach())
@@ -223,7 +223,7 @@ def reference_training(steps: int) -> tuple[list[dict], dict]:
             cu.append(cu[-1] + b["tokens"].numel())
         cat = {k: torch.cat([b[k] for b in batch]) for k in batch[0]}
         opt.zero_grad()
-        logits = model(cat["tokens"], cat["position_ids"], lambda q, k, v: reference_attention(q, k, v, cu))
+        logits = model(cat["tokens"], cat["position_ids"], lambda q, k, v, cu=cu: reference_attention(q, k, v, cu))
         loss_sum, count = masked_token_loss(logits, cat["labels"], cat["loss_mask"])
         (loss_sum / count).backward()
         grads_per_step.append({n: q.grad.clone() for n, q in model.named_parameters()})
@@ -436,7 +436,7 @@ def test_pp_metadata_and_tp_broadcast(tp, pp):
     same tensors as TP rank 0."""
     results = _ok(run_workers(_pp_tp_worker, world=4, deadline=120, tp=tp, pp=pp))
     by_coord = {(r["pp_rank"], r["tp_rank"], r["pool_index"]): r for r in results}
-    for (ppr, tpr, idx), r in by_coord.items():
+    for (ppr, _tpr, idx), r in by_coord.items():
         lead = by_coord[(0, 0, idx)]
         assert r["digest"] == lead["digest"] and r["num_mb"] == lead["num_mb"] and r["seqlen_sum"] == 111
         for mb, ref in zip(r["mbs"], lead["mbs"]):

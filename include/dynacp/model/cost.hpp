@@ -20,10 +20,10 @@ namespace dynacp {
 
 /// Aggregate statistics of a group of sequences: all the cost model needs.
 struct GroupStats {
-  std::int64_t tokens = 0;     ///< sum s
-  double weighted_sq = 0.0;    ///< sum eta(s) * s^2
-  std::int64_t max_len = 0;    ///< longest member
-  std::int64_t count = 0;      ///< number of sequences
+  std::int64_t tokens = 0;   ///< sum s
+  double weighted_sq = 0.0;  ///< sum eta(s) * s^2
+  std::int64_t max_len = 0;  ///< longest member
+  std::int64_t count = 0;    ///< number of sequences
 
   void add(std::int64_t len, double eta);
   void remove(std::int64_t len, double eta);
@@ -33,16 +33,16 @@ struct CostModel {
   // Defaults equal preset("bytescale-fig6a") (a test checks it); see docs/cost_model.md.
   std::string name = "bytescale-fig6a";
   std::string source = "ByteScale Fig. 6a, scaled to a 32-layer fwd+bwd step (see preset())";
-  double attn_coef = 1.7651565e-9;      ///< a: seconds per token^2 of full-mask attention (fwd+bwd, all layers)
-  double linear_coef = 3.4156556e-5;    ///< b: seconds per token of linear/MLP work (fwd+bwd, all layers)
-  double group_overhead = 8.2022295e-3; ///< c: fixed seconds per group (launches, synchronisation)
-  double causal_factor = 0.5;       ///< eta for causal masks
-  double full_factor = 1.0;         ///< eta for full (bidirectional) masks
+  double attn_coef = 1.7651565e-9;       ///< a: seconds per token^2 of full-mask attention (fwd+bwd, all layers)
+  double linear_coef = 3.4156556e-5;     ///< b: seconds per token of linear/MLP work (fwd+bwd, all layers)
+  double group_overhead = 8.2022295e-3;  ///< c: fixed seconds per group (launches, synchronisation)
+  double causal_factor = 0.5;            ///< eta for causal masks
+  double full_factor = 1.0;              ///< eta for full (bidirectional) masks
   /// Bytes per token per ring hop over the whole step: 8 KV heads x 128 dims x (K,V) x bf16 x 32 layers x 3
   /// (forward sends KV; backward sends KV and dKV).
   double kv_bytes_per_token = 8.0 * 128 * 2 * 2 * 32 * 3;
   double mem_per_token = 2.44140625e6;  ///< m: activation bytes per token on a rank (40 GB holds 16,384 tokens)
-  double mem_static = 0.0;          ///< static bytes per rank charged against the activation budget
+  double mem_static = 0.0;              ///< static bytes per rank charged against the activation budget
 
   double eta(Mask m) const { return m == Mask::Full ? full_factor : causal_factor; }
 
@@ -61,6 +61,10 @@ struct CostModel {
   double time(const GroupStats& g, int d, bool crosses_nodes, const Cluster& cluster) const;
   /// T(G,d) when the group is placed as compactly as possible: crosses nodes only if d > ranks_per_node.
   double time(const GroupStats& g, int d, const Cluster& cluster) const;
+  /// The degree in [dmin, P] with the smallest T(G,d) under compact placement (ties: the smaller). Assumes T is
+  /// unimodal in d on each piece d <= ranks_per_node and d > ranks_per_node (true for this model's terms) and
+  /// finds each piece's minimum by integer ternary search: O(log P).
+  int best_degree(const GroupStats& g, int dmin, const Cluster& cluster) const;
   /// Per-rank activation bytes M(G,d).
   double memory(const GroupStats& g, int d) const;
   /// Work of one sequence in rank-seconds when run alone on one rank without overheads: eta*a*s^2 + b*s.

@@ -24,7 +24,8 @@ struct Timeout : Error {
 };
 
 namespace detail {
-template <class... Args> std::string cat(Args&&... args) {
+template <class... Args>
+std::string cat(Args&&... args) {
   std::ostringstream os;
   (os << ... << std::forward<Args>(args));
   return os.str();
@@ -32,7 +33,8 @@ template <class... Args> std::string cat(Args&&... args) {
 }  // namespace detail
 
 /// Throw InvalidArgument with a message built from the streamed arguments.
-template <class... Args> [[noreturn]] void invalid(Args&&... args) {
+template <class... Args>
+[[noreturn]] void invalid(Args&&... args) {
   throw InvalidArgument(detail::cat(std::forward<Args>(args)...));
 }
 

@@ -14,8 +14,8 @@
 namespace dynacp {
 
 struct Group {
-  std::vector<int> ranks;                ///< ring order; size() is the CP degree
-  std::vector<std::int64_t> sequences;   ///< input ids packed into this group
+  std::vector<int> ranks;               ///< ring order; size() is the CP degree
+  std::vector<std::int64_t> sequences;  ///< input ids packed into this group
   int degree() const { return static_cast<int>(ranks.size()); }
   bool operator==(const Group&) const = default;
 };
@@ -26,7 +26,7 @@ struct Predicted {
   std::vector<double> per_rank_time;      ///< busy seconds per rank
   std::int64_t peak_tokens_per_rank = 0;  ///< largest per-rank token share in any group
   // Extensions (later format additions never remove fields above).
-  double bubble_fraction = 0.0;           ///< idle share of step_time x P (pipeline bubbles + imbalance)
+  double bubble_fraction = 0.0;  ///< idle share of step_time x P (pipeline bubbles + imbalance)
   bool operator==(const Predicted&) const = default;
 };
 

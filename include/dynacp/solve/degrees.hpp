@@ -6,9 +6,12 @@
 namespace dynacp::solve {
 
 struct DegreeProblem {
-  int ranks = 0;                                ///< P
-  std::vector<int> min_degree;                  ///< d_min per group
-  std::function<double(std::size_t, int)> time; ///< T(group, d), any function of d
+  int ranks = 0;                                 ///< P
+  std::vector<int> min_degree;                   ///< d_min per group
+  std::function<double(std::size_t, int)> time;  ///< T(group, d), any function of d
+  /// Optional per-group cap: degrees above it are never faster (e.g. past the minimum of T). Empty = no cap.
+  /// Keeps the tables at O(sum of useful degrees) instead of O(K * P) on large pools.
+  std::vector<int> max_degree;
 };
 
 struct DegreeResult {

@@ -14,7 +14,13 @@ Predicted evaluate(const Plan& plan, const Batch& batch, const Cluster& cluster,
 /// No plan can be faster under `cost`.
 double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost);
 
-/// The two terms of lower_bound: {sum of work / P, best time of the hardest sequence alone}.
-std::pair<double, double> lower_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost);
+struct LowerBoundTerms {
+  double average = 0.0;    ///< sum of work / P
+  double single = 0.0;     ///< best time of the hardest sequence alone
+  double wide = 0.0;       ///< sequences needing more than P/2 ranks run one after another: their work / P + c
+  double wide_work = 0.0;  ///< the summed work of those sequences
+};
+/// The terms of lower_bound (which is their maximum).
+LowerBoundTerms lower_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost);
 
 }  // namespace dynacp::solve

@@ -12,9 +12,9 @@ namespace dynacp {
 enum class CountPolicy { Equal, Variable };
 
 struct PlanOptions {
-  std::string strategy = "fcp";              ///< registry name, see strategy_names()
-  int pp = 1;                                ///< pipeline stages per rank of the pool
-  int vpp = 1;                               ///< virtual stages per pipeline stage (interleaved 1F1B)
+  std::string strategy = "fcp";                      ///< registry name, see strategy_names()
+  int pp = 1;                                        ///< pipeline stages per rank of the pool
+  int vpp = 1;                                       ///< virtual stages per pipeline stage (interleaved 1F1B)
   CountPolicy count_policy = CountPolicy::Variable;  ///< equal or per-rank microbatch counts (pp > 1)
   /// How strategies that weigh several candidate plans score them (lower is better). dynacp::plan sets it to the
   /// full prediction (pipeline simulator when pp > 1); empty means the group-timeline step time.

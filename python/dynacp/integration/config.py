@@ -45,7 +45,7 @@ class Planner:
     global batch ahead). ``False`` plans synchronously inside each call."""
     check_plan: bool = True
     """Compare the plan digest and config fingerprint across the pool every global batch (one small all-gather)."""
-    plan_fn: Optional[Callable[[np.ndarray], "dynacp.Plan"]] = None
+    plan_fn: Optional[Callable[[np.ndarray], dynacp.Plan]] = None
     """Override: a deterministic function of the int64 lengths array returning a Plan (custom schedulers, tests).
     It must be deterministic and identical on every rank; the digest check still applies."""
 
@@ -57,7 +57,7 @@ class Planner:
                              "ranks")
         return cluster
 
-    def plan(self, lengths: np.ndarray, pool_size: int) -> "dynacp.Plan":
+    def plan(self, lengths: np.ndarray, pool_size: int) -> dynacp.Plan:
         """Plan one global batch (releases the GIL inside the C++ solver)."""
         if self.plan_fn is not None:
             return self.plan_fn(lengths)

@@ -57,7 +57,7 @@ class GlobalBatch:
     """Plan digest (identical on every rank of the world)."""
     rings: list[tuple[int, ...]]
     """Every CP ring of the plan (pool indices, ring order), in plan order."""
-    plan: Optional["dynacp.Plan"] = None
+    plan: Optional[dynacp.Plan] = None
     """The plan (on ranks that planned; ``None`` on ranks that received metadata only)."""
     plan_wait_s: float = 0.0
     """Seconds this call blocked waiting for the plan (0 when async planning fully overlapped)."""
@@ -77,7 +77,7 @@ class _Pending:
     lengths: list[list[int]]  # per pool rank
     valid: list[int]          # per pool rank: Σ loss_mask
     dtypes: dict[str, torch.dtype]
-    future: "concurrent.futures.Future"
+    future: concurrent.futures.Future
     gather_s: float = 0.0
 
 
@@ -275,7 +275,7 @@ class DynamicCPDataIterator:
             rings=[tuple(g.ranks) for slot in plan.microbatches for g in slot], plan=plan,
             plan_wait_s=wait, plan_solve_s=timed.seconds)
 
-    def _check_plan(self, plan: "dynacp.Plan") -> None:
+    def _check_plan(self, plan: dynacp.Plan) -> None:
         mine = (self.planner.fingerprint(), int(plan.digest()), self.planner.describe())
         everyone: list = [None] * self.groups.pool_size
         dist.all_gather_object(everyone, mine, group=self.groups.dp_cp)
@@ -287,7 +287,7 @@ class DynamicCPDataIterator:
                 "dynacp: ranks of the DP x CP pool hold different plans (every rank must use an equal Planner and "
                 "see the same lengths); differing from pool rank 0:\n" + "\n".join(lines))
 
-    def _reroute(self, plan: "dynacp.Plan", pending: _Pending) -> list[dict]:
+    def _reroute(self, plan: dynacp.Plan, pending: _Pending) -> list[dict]:
         """Move every sequence's zigzag slices to the members of its CP group; build this rank's microbatches."""
         me, size = self.groups.pool_index, self.groups.pool_size
         owner, local = [], []

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Benchmark driver: every strategy on every embedded distribution and on FCP's extreme batch, pp in {1, 4}.
+
+Prints a markdown table (what docs/benchmarks.md records): per workload and pp, each strategy's mean predicted step
+time, speed-up over `packing`, mean gap to the lower bound, and median solve time; plus whether `dynacp` was at least
+as fast as every other strategy on every batch. Predicted times come from dynacp's cost model (the default
+`bytescale-fig6a` preset); solve times are measured on this machine.
+
+    python3 benchmarks/bench.py --batches 8 --ranks 64 --gbs 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Dict, Iterator, List, Tuple
+
+import numpy as np
+
+import dynacp
+from dynacp import distributions
+
+
+def extreme_batches(gbs: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """FCP's extremely unbalanced batch: one 128K sequence and gbs - 1 sequences of 2K-8K."""
+    while True:
+        yield np.concatenate([[131_072], rng.integers(2048, 8193, gbs - 1)]).astype(np.int64)
+
+
+def sampled(name: str, gbs: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    dist = distributions.get(name)
+    while True:
+        yield dist.sample(gbs, rng)
+
+
+def workloads(gbs: int, seed: int) -> Dict[str, Iterator[np.ndarray]]:
+    out: Dict[str, Iterator[np.ndarray]] = {n: sampled(n, gbs, np.random.default_rng(seed)) for n in distributions.names()}
+    out["fcp-extreme"] = extreme_batches(gbs, np.random.default_rng(seed))
+    return out
+
+
+def run(args: argparse.Namespace) -> Tuple[List[str], bool]:
+    cost = dynacp.CostModel()
+    cluster = dynacp.Cluster(num_ranks=args.ranks, ranks_per_node=args.ranks_per_node,
+                             activation_budget=args.tokens_per_rank * cost.mem_per_token)
+    names = dynacp.strategy_names()
+    lines = [
+        f"P = {args.ranks} ({args.ranks_per_node}/node), {args.tokens_per_rank} tokens/rank, GBS {args.gbs}, "
+        f"{args.batches} batches per row, cost preset {cost.name}",
+        "",
+        "| workload | pp | " + " | ".join(f"{n} step s (x, gap)" for n in names) + " | dynacp solve ms | dynacp <= all |",
+        "|---|---|" + "---|" * len(names) + "---|---|",
+    ]
+    all_ok = True
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        tqdm = None
+    jobs = [(w, pp) for w in workloads(args.gbs, args.seed) for pp in args.pp]
+    bar = tqdm(total=len(jobs) * args.batches, desc="bench", unit="batch", file=sys.stderr) if tqdm else None
+    for wname, pp in jobs:
+        gen = workloads(args.gbs, args.seed)[wname]
+        steps = {n: [] for n in names}
+        gaps = {n: [] for n in names}
+        solve = []
+        ok = True
+        for _ in range(args.batches):
+            lengths = next(gen)
+            best_other = np.inf
+            for n in names:
+                try:
+                    p = dynacp.plan(lengths, cluster, cost, n, pp=pp)
+                except RuntimeError:  # an anchor's pipelined plan that would deadlock under 1F1B
+                    steps[n].append(np.nan)
+                    gaps[n].append(np.nan)
+                    continue
+                steps[n].append(p.predicted.step_time)
+                gaps[n].append(p.predicted.step_time / p.predicted.lower_bound - 1)
+                if n == "dynacp":
+                    solve.append(p.solve_ms)
+                else:
+                    best_other = min(best_other, p.predicted.step_time)
+            ok &= steps["dynacp"][-1] <= best_other * (1 + 1e-12)
+            if bar:
+                bar.update(1)
+        all_ok &= ok
+        base = np.asarray(steps["packing"])
+        cells = []
+        for n in names:
+            s = np.asarray(steps[n])
+            if np.isnan(s).all():
+                cells.append("deadlock")
+                continue
+            bad = int(np.isnan(s).sum())
+            cell = f"{np.nanmean(s):.3f} ({np.nanmean(base / s):.2f}x, {np.nanmean(gaps[n]):.1%})"
+            cells.append(cell + (f" [{bad} deadlock]" if bad else ""))
+        lines.append(f"| {wname} | {pp} | " + " | ".join(cells) + f" | {np.median(solve):.2f} | {'yes' if ok else 'NO'} |")
+    if bar:
+        bar.close()
+    return lines, all_ok
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, default=8)
+    ap.add_argument("--ranks", type=int, default=64)
+    ap.add_argument("--ranks-per-node", type=int, default=8)
+    ap.add_argument("--tokens-per-rank", type=int, default=16384)
+    ap.add_argument("--gbs", type=int, default=512)
+    ap.add_argument("--pp", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    lines, ok = run(args)
+    print("\n".join(lines))
+    print(f"\n(wall {time.perf_counter() - t0:.0f} s; dynacp <= every other strategy on every batch: {ok})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

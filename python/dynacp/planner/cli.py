@@ -1,0 +1,100 @@
+"""``dynacp configs``: rank the parallel layouts of a model on a cluster."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from dynacp.planner.configs import configs
+from dynacp.planner.model import ETP_CHOICES, OPTIMIZERS, RECOMPUTE
+from dynacp.planner.presets import preset_names
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the ``configs`` subcommand."""
+    p = sub.add_parser(
+        "configs",
+        help="enumerate and rank TP/PP/CP/EP/DP layouts of a model on a cluster",
+        description="Enumerates every (TP, PP, CP, EP, ETP, DP, VPP) with TP*PP*CP*DP = W, prices per-GPU memory and "
+        "step time, ranks the feasible layouts and gives a one-line reason for each rejected one. With --lengths, "
+        "each feasible layout is also planned by the per-batch scheduler (static packing vs dynamic CP).",
+    )
+    p.add_argument("--model", required=True,
+                   help=f"model JSON file or preset ({', '.join(preset_names('model'))})")
+    p.add_argument("--cluster", required=True,
+                   help=f"cluster JSON file or preset ({', '.join(preset_names('cluster'))})")
+    g = p.add_argument_group("batch")
+    g.add_argument("--global-batch", type=int, default=256, help="sequences (packs) per step (default 256)")
+    g.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
+    g.add_argument("--seq-length", type=int, default=4096, help="tokens per sequence or pack (default 4096)")
+    g.add_argument("--lengths", metavar="FILE|DIST",
+                   help="length distribution: a file (one integer per line, or .npy) or an embedded distribution")
+    o = p.add_argument_group("training options")
+    o.add_argument("--optimizer", choices=OPTIMIZERS, default="distributed", help="default distributed")
+    o.add_argument("--grad-dtype", choices=["fp32", "bf16"], default="fp32", help="main gradients (default fp32)")
+    o.add_argument("--recompute", choices=RECOMPUTE, default="selective", help="default selective")
+    o.add_argument("--chunked-ce", action="store_true", help="fused/chunked cross-entropy")
+    o.add_argument("--etp", choices=ETP_CHOICES, default="any", help="expert TP: 1, =TP, or any (default)")
+    o.add_argument("--ep-divides-dp", action="store_true", help="require EP | DP (no MoE parallel folding)")
+    o.add_argument("--cp", metavar="LIST", help="allowed CP degrees, comma-separated (default: all)")
+    o.add_argument("--max-vpp", type=int, default=1, help="largest interleaving degree (default 1)")
+    o.add_argument("--allow-uneven-pp", action="store_true", help="accept PP not dividing the layers")
+    o.add_argument("--headroom", type=float, default=0.8, help="usable fraction of GPU memory (default 0.8)")
+    o.add_argument("--mfu", type=float, default=0.45, help="achieved fraction of peak FLOP/s (default 0.45)")
+    o.add_argument("--batches", type=int, default=4, help="global batches sampled with --lengths (default 4)")
+    o.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    out = p.add_argument_group("output")
+    out.add_argument("--top", type=int, default=10, help="feasible layouts to print (default 10)")
+    out.add_argument("--rejected", action="store_true", help="list every rejected layout with its reason")
+    out.add_argument("--json", action="store_true", help="print the whole table as JSON")
+    p.set_defaults(func=run)
+
+
+def _cp_list(text: str) -> tuple:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise ValueError(f"--cp must be comma-separated integers, got {text!r}") from e
+    if not vals:
+        raise ValueError("--cp is empty")
+    return vals
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``dynacp configs``; returns the exit status (ValueError is reported by the caller)."""
+    if args.top < 0:
+        raise ValueError(f"--top must be >= 0, got {args.top}")
+    options = {
+        "optimizer": args.optimizer, "grad_dtype": args.grad_dtype, "recompute": args.recompute,
+        "chunked_ce": args.chunked_ce, "etp": args.etp, "ep_divides_dp": args.ep_divides_dp,
+        "cp_sizes": _cp_list(args.cp) if args.cp else None, "max_vpp": args.max_vpp,
+        "allow_uneven_pp": args.allow_uneven_pp, "memory_headroom": args.headroom, "mfu": args.mfu,
+        "sample_batches": args.batches, "seed": args.seed,
+    }
+    batch = {"global_batch": args.global_batch, "seq_length": args.seq_length, "micro_batch": args.micro_batch}
+    table = configs(args.model, args.cluster, batch, options, lengths=args.lengths,
+                    progress=not args.json and sys.stderr.isatty())
+    if args.json:
+        print(table.to_json())
+    else:
+        print(table.format(top=args.top, show_rejected=args.rejected))
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Standalone entry (``python -m dynacp.planner.cli ...``), same as ``dynacp configs ...``."""
+    parser = argparse.ArgumentParser(prog="dynacp")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    add_parser(sub)
+    args = parser.parse_args(["configs", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"dynacp configs: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

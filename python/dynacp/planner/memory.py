@@ -1,0 +1,240 @@
+"""Per-GPU memory of one layout: parameters by sharding class, model states, activations, logits, buffers.
+
+Formulas (bytes; t = TP, p = PP, c = CP, d = DP, e = EP, t_e = ETP, d_e = EDP, v = VPP, m = micro-batches per DP
+rank, T = b*s/c tokens per rank per micro-batch):
+
+* Parameters on the most-loaded stage follow Megatron's estimator: TP-sharded (attention, dense MLP, shared
+  experts, embedding/output) / t, replicated (norms, router) undivided, routed experts / (t_e * e); transformer
+  layers / p; the first stage adds the input embedding, the last the output layer (both when p = 1 and untied).
+* Model states: bf16 weights 2 B, gradients 4 B (fp32 main grads) or 2 B, Adam + fp32 master 12 B. Distributed
+  optimizer / ZeRO-1 shard the 12 B, ZeRO-2 also the grads, ZeRO-3 also the weights. Dense parameters shard over
+  DP x CP (Megatron's gradient-buffer group), routed experts over EDP.
+* Activations per layer and token (Korthikanti et al. 2022, Table 2, with sequence parallelism so everything / t):
+  attention 4h + 4h_q + 4h_kv (+ h dropout mask) (= 13h for MHA with dropout) plus (4 + dropout) * a * s for the
+  score tensor unless flash attention or recompute; dense MLP 4h + (4 or 6) f (+ h dropout) (gated fc1 is 2f
+  wide) (= 21h at f = 4h with dropout, so 34h per layer as in the paper); MoE MLP 4h + 4 n_e + imbalance * k *
+  (4h + (4 or 6) f_e) + shared experts (the derived first-order formula in planner_anchors.md 2.4). Full
+  recompute keeps 2h per layer plus one layer's working set. The first stage holds min(p, m) micro-batches of
+  L/p layers (interleaved: p * (1 + (p-1)/(p v))), plus Megatron's input-id and embedding-dropout terms.
+* Logits and cross-entropy on the last stage: (4h + 4V) per token / t, or 4h per token + 4V per chunk token when
+  the cross-entropy is chunked.
+* Communication buffers: nccl_buffer_bytes per process group larger than one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Dict, Tuple
+
+from dynacp.planner.model import BatchConfig, Layout, ModelConfig, PlannerOptions
+
+GB = 1e9
+
+
+@dataclass
+class ParamCounts:
+    """Parameter counts of the whole model by sharding class."""
+
+    layers_tp: float
+    """TP-sharded parameters inside the transformer layers (attention, dense MLP, shared experts)."""
+    layers_replicated: float
+    """Replicated parameters inside the layers (norms, router)."""
+    experts: float
+    """Routed-expert parameters (all MoE layers)."""
+    embedding: float
+    """Input embedding V*h."""
+    output: float
+    """Output layer V*h (0 when tied)."""
+
+    @property
+    def non_expert(self) -> float:
+        return self.layers_tp + self.layers_replicated + self.embedding + self.output
+
+    @property
+    def total(self) -> float:
+        return self.non_expert + self.experts
+
+
+def param_counts(model: ModelConfig) -> ParamCounts:
+    """Counts from the shapes, or from non_expert_params / expert_params when the model gives them directly."""
+    h, L = model.hidden_size, model.num_layers
+    mlp_mult = 3 if model.gated_mlp else 2
+    attn = 2 * h * model.q_size + 2 * h * model.kv_size
+    dense_mlp = mlp_mult * h * model.ffn_hidden_size
+    shared = model.num_shared_experts * mlp_mult * h * model.shared_ffn
+    routed = model.num_experts * mlp_mult * h * model.expert_ffn_hidden_size
+    L_moe = model.moe_layers
+    embedding = float(model.vocab_size * h)
+    output = 0.0 if model.tied_embeddings else embedding
+    layers_tp = L * attn + (L - L_moe) * dense_mlp + L_moe * shared
+    layers_rep = 2.0 * h * L + h + L_moe * h * model.num_experts
+    experts = float(L_moe * routed)
+    if model.expert_params is not None:
+        experts = float(model.expert_params)
+    if model.non_expert_params is not None:
+        # All of X is TP-sharded (as in X/TP); the embeddings are the part of X that lives on the end stages.
+        emb = embedding + output
+        if model.non_expert_params > emb:
+            return ParamCounts(model.non_expert_params - emb, 0.0, experts, embedding, output)
+        return ParamCounts(float(model.non_expert_params), 0.0, experts, 0.0, 0.0)
+    return ParamCounts(float(layers_tp), float(layers_rep), experts, embedding, output)
+
+
+def stage_layers(model: ModelConfig, pp: int) -> int:
+    """Transformer layers on the most-loaded pipeline stage (ceil for an uneven split)."""
+    return math.ceil(model.num_layers / pp)
+
+
+def params_per_gpu(model: ModelConfig, layout: Layout, stage: str = "first") -> Tuple[float, float]:
+    """(non-expert, routed-expert) parameters on one GPU of ``stage`` ('first' or 'last'; equal when PP = 1).
+
+    With PP = 1, ETP = 1 and embeddings inside X this is the seed's X/TP + E/EP."""
+    pc = param_counts(model)
+    frac = stage_layers(model, layout.pp) / model.num_layers
+    dense = (pc.layers_tp * frac) / layout.tp + pc.layers_replicated * frac
+    if layout.pp == 1:
+        dense += (pc.embedding + pc.output) / layout.tp
+    elif stage == "first":
+        dense += pc.embedding / layout.tp
+    else:  # last stage: the output layer, or the tied copy of the embedding
+        dense += (pc.output or pc.embedding) / layout.tp
+    return dense, pc.experts * frac / (layout.etp * layout.ep)
+
+
+@dataclass
+class MemoryBreakdown:
+    """Bytes per GPU on the most-loaded pipeline stage."""
+
+    weights: float
+    """bf16 parameters."""
+    grads: float
+    """Main gradients (fp32 or bf16; sharded under ZeRO-2/3)."""
+    optimizer: float
+    """fp32 master weights + Adam moments (12 B/param), sharded by DP x CP (dense) and EDP (experts)."""
+    optimizer_dense: float
+    """The non-expert part of ``optimizer``."""
+    optimizer_expert: float
+    """The routed-expert part of ``optimizer``."""
+    activations: float
+    """Activations of the in-flight micro-batches (transformer layers and embedding terms)."""
+    logits: float
+    """Output-layer input and fp32 logits for the cross-entropy (last stage only)."""
+    buffers: float
+    """Communicator buffers."""
+    stage: str
+    """Which stage is the most loaded: 'only' (PP = 1), 'first' or 'last'."""
+    params_dense: float
+    """Non-expert parameters on this GPU."""
+    params_expert: float
+    """Routed-expert parameters on this GPU."""
+
+    @property
+    def model_states(self) -> float:
+        return self.weights + self.grads + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.model_states + self.activations + self.logits + self.buffers
+
+    def to_dict(self) -> Dict[str, float]:
+        d = asdict(self)
+        d["model_states"] = self.model_states
+        d["total"] = self.total
+        return d
+
+
+def _layer_bytes_per_token(model: ModelConfig, opts: PlannerOptions, seq: int) -> Dict[str, float]:
+    """Activation bytes per token of one layer of each kind, before dividing by TP."""
+    h, drop = model.hidden_size, 1.0 if model.dropout else 0.0
+    fc1 = 4 if model.gated_mlp else 2  # bytes per f-wide element of the fc1 output (2f wide when gated)
+    attn_lin = 4 * h + 4 * model.q_size + 4 * model.kv_size + drop * h
+    scores = 0.0
+    if not opts.flash_attention and opts.recompute == "none":
+        scores = (4 + drop) * model.num_attention_heads * seq
+    dense = 4 * h + (fc1 + 2) * model.ffn_hidden_size + drop * h
+    moe = 0.0
+    if model.moe_layers:
+        routed = model.top_k * (4 * h + (fc1 + 2) * model.expert_ffn_hidden_size) * opts.moe_imbalance
+        shared = model.num_shared_experts * (fc1 + 2) * model.shared_ffn
+        moe = 4 * h + 4 * model.num_experts + routed + shared + drop * h
+    return {"attn": attn_lin + scores, "linear_attn": attn_lin, "dense_mlp": dense, "moe_mlp": moe}
+
+
+def layer_bytes_per_token(model: ModelConfig, opts: PlannerOptions, seq: int) -> Tuple[float, float]:
+    """(mean over layers, largest layer) activation bytes per token of one transformer layer, before / TP."""
+    k = _layer_bytes_per_token(model, opts, seq)
+    L, La, Lm = model.num_layers, model.attention_layers, model.moe_layers
+    mean = (La * k["attn"] + (L - La) * k["linear_attn"] + Lm * k["moe_mlp"] + (L - Lm) * k["dense_mlp"]) / L
+    largest = (k["attn"] if La else k["linear_attn"]) + (k["moe_mlp"] if Lm else k["dense_mlp"])
+    return mean, largest
+
+
+def in_flight(layout: Layout, m: int) -> float:
+    """Micro-batches whose activations the first stage holds: 1F1B min(p, m); interleaved p (1 + (p-1)/(p v))."""
+    p, v = layout.pp, layout.vpp
+    if v > 1:
+        return p * (1 + (p - 1) / (p * v))
+    return float(min(p, m)) if p > 1 else 1.0
+
+
+def activation_bytes(
+    model: ModelConfig, batch: BatchConfig, layout: Layout, opts: PlannerOptions, m: int
+) -> Tuple[float, float, float]:
+    """(first-stage activations, last-stage activations, logits) in bytes per GPU for micro-batches of
+    ``batch.micro_batch`` sequences of ``batch.seq_length`` tokens."""
+    t, c = layout.tp, layout.cp
+    s, b, h = batch.seq_length, batch.micro_batch, model.hidden_size
+    T = b * s / c
+    mean, largest = layer_bytes_per_token(model, opts, s)
+    n_layers = stage_layers(model, layout.pp)
+    if opts.recompute == "full":
+        per_stage = n_layers * 2 * h * T  # each layer's input
+        working = largest * T
+    else:
+        per_stage = n_layers * mean * T
+        working = 0.0
+    embed = 8 * T + (h * T if model.dropout else 0.0)  # token ids and embedding dropout mask (Megatron)
+    first = ((per_stage + embed) * in_flight(layout, m) + working) / t
+    last = (per_stage + working) / t
+    ce_tokens = min(T, opts.ce_chunk_tokens) if opts.chunked_ce else T
+    logits = (4 * h * T + 4 * model.vocab_size * ce_tokens) / t
+    return first, last, logits
+
+
+def process_groups(model: ModelConfig, layout: Layout) -> Dict[str, int]:
+    """Sizes of the process groups a GPU belongs to."""
+    g = {"TP": layout.tp, "PP": layout.pp, "CP": layout.cp, "DPxCP": layout.dp * layout.cp}
+    if model.is_moe:
+        g.update({"EP": layout.ep, "EDP": layout.edp})
+        if layout.etp != layout.tp:
+            g["ETP"] = layout.etp
+    return g
+
+
+def memory_breakdown(
+    model: ModelConfig, batch: BatchConfig, layout: Layout, opts: PlannerOptions, m: int
+) -> MemoryBreakdown:
+    """Per-GPU memory of the most-loaded pipeline stage."""
+    first_acts, last_acts, logits = activation_bytes(model, batch, layout, opts, m)
+    buffers = opts.nccl_buffer_bytes * sum(1 for v in process_groups(model, layout).values() if v > 1)
+    gb = 4.0 if opts.grad_dtype == "fp32" else 2.0
+    n_dense, n_exp = layout.dp * layout.cp, layout.edp
+    stages = ["only"] if layout.pp == 1 else ["first", "last"]
+    best = None
+    for st in stages:
+        pd, pe = params_per_gpu(model, layout, "last" if st == "last" else "first")
+        shard_w = opts.optimizer == "zero3"
+        shard_g = opts.optimizer in ("zero2", "zero3")
+        shard_o = opts.optimizer != "zero0"
+        weights = 2 * (pd / n_dense + pe / n_exp if shard_w else pd + pe)
+        grads = gb * (pd / n_dense + pe / n_exp if shard_g else pd + pe)
+        od = 12 * pd / (n_dense if shard_o else 1)
+        oe = 12 * pe / (n_exp if shard_o else 1)
+        acts = first_acts if st != "last" else last_acts
+        lg = logits if st != "first" else 0.0
+        mb = MemoryBreakdown(weights, grads, od + oe, od, oe, acts, lg, buffers, st, pd, pe)
+        if best is None or mb.total > best.total:
+            best = mb
+    assert best is not None
+    return best

@@ -1,0 +1,381 @@
+"""Planner inputs: the model, the cluster, the batch and the options, as dataclasses with one docstring per field.
+
+Every size is in elements or bytes (decimal units are only used for display). ``from_dict`` builds a config from a
+JSON object and raises :class:`ValueError` naming a missing or unknown field; ``validate`` names the first bad value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple, Type, TypeVar, Union
+
+T = TypeVar("T")
+
+
+def _from_dict(cls: Type[T], data: Dict[str, Any], where: str) -> T:
+    """Builds dataclass ``cls`` from ``data``; unknown keys and missing required fields raise ValueError."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; known fields: {', '.join(fields)}")
+    missing = [
+        n for n, f in fields.items()
+        if n not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ValueError(f"{where} is missing required field(s): {', '.join(missing)}")
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    obj = cls(**kwargs)
+    obj.validate()  # type: ignore[attr-defined]
+    return obj
+
+
+def _load_json(path: Union[str, Path]) -> Dict[str, Any]:
+    """A JSON object of config fields; a preset-style file ``{"kind", "description", "config"}`` is unwrapped."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"file not found: {p}")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not valid JSON ({e})") from e
+    if isinstance(data, dict) and "kind" in data and isinstance(data.get("config"), dict):
+        return data["config"]
+    return data
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"{type(obj).__name__}.{n} must be a positive number, got {v!r}")
+
+
+def _integral(obj: Any, *names: str) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ValueError(f"{type(obj).__name__}.{n} must be an integer, got {v!r}")
+
+
+@dataclass
+class ModelConfig:
+    """A decoder-only transformer, dense or MoE, described by its shapes (Megatron argument names in brackets)."""
+
+    num_layers: int
+    """L: transformer layers [--num-layers]."""
+    hidden_size: int
+    """h: model width [--hidden-size]."""
+    num_attention_heads: int
+    """a: query heads [--num-attention-heads]; TP must divide it."""
+    vocab_size: int
+    """V: vocabulary size, padded as trained [--padded-vocab-size]."""
+    ffn_hidden_size: int = 0
+    """f: FFN width of the dense (non-MoE) layers [--ffn-hidden-size]; 0 when every layer is MoE."""
+    num_kv_heads: Optional[int] = None
+    """g: KV heads / query groups (GQA) [--num-query-groups]; None = a (multi-head attention)."""
+    head_dim: Optional[int] = None
+    """d_h: per-head width [--kv-channels]; None = h / a."""
+    gated_mlp: bool = True
+    """SwiGLU-style gated MLP (fc1 is 2f wide) [--swiglu]; False for a GeLU MLP (GPT-3)."""
+    tied_embeddings: bool = False
+    """Input embedding and output layer share weights (False = [--untie-embeddings-and-output-weights])."""
+    dropout: bool = False
+    """Dropout is on, so 1-byte masks are stored (Korthikanti's 34 sbh assumes it; Llama-style runs use none)."""
+    num_attention_layers: Optional[int] = None
+    """Layers with softmax attention (quadratic FLOPs, CP ring traffic); None = all. Hybrid models (Gated DeltaNet,
+    Mamba) have fewer; the others are priced as linear layers."""
+    num_experts: int = 0
+    """n_e: routed experts per MoE layer [--num-experts]; 0 for a dense model. EP must divide it."""
+    top_k: int = 0
+    """k: routed experts per token [--moe-router-topk]."""
+    expert_ffn_hidden_size: int = 0
+    """f_e: FFN width of one routed expert [--moe-ffn-hidden-size]."""
+    num_shared_experts: int = 0
+    """Shared experts per MoE layer (each of width shared_expert_ffn_hidden_size)."""
+    shared_expert_ffn_hidden_size: Optional[int] = None
+    """Width of one shared expert; None = expert_ffn_hidden_size."""
+    num_moe_layers: Optional[int] = None
+    """Layers whose MLP is MoE; None = all layers when num_experts > 0, else 0."""
+    non_expert_params: Optional[float] = None
+    """X: non-expert parameter count (attention, dense MLP, shared experts, embeddings, norms, router), when given
+    directly instead of derived from the shapes (e.g. hybrid layers). Treated as TP-sharded."""
+    expert_params: Optional[float] = None
+    """E: routed-expert parameter count, when given directly instead of L_moe * n_e * (3 or 2) * h * f_e."""
+    name: str = "model"
+    """Label used in reports."""
+
+    # ---- derived shapes ---------------------------------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        """g, defaulting to a."""
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def dh(self) -> int:
+        """d_h, defaulting to h / a."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_size(self) -> int:
+        """h_q = a * d_h."""
+        return self.num_attention_heads * self.dh
+
+    @property
+    def kv_size(self) -> int:
+        """g * d_h."""
+        return self.kv_heads * self.dh
+
+    @property
+    def attention_layers(self) -> int:
+        return self.num_layers if self.num_attention_layers is None else self.num_attention_layers
+
+    @property
+    def moe_layers(self) -> int:
+        if self.num_moe_layers is not None:
+            return self.num_moe_layers
+        return self.num_layers if self.num_experts > 0 else 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0 or bool(self.expert_params)
+
+    @property
+    def shared_ffn(self) -> int:
+        return self.shared_expert_ffn_hidden_size or self.expert_ffn_hidden_size
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field."""
+        _integral(self, "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "ffn_hidden_size",
+                  "num_kv_heads", "head_dim", "num_attention_layers", "num_experts", "top_k",
+                  "expert_ffn_hidden_size", "num_shared_experts", "shared_expert_ffn_hidden_size", "num_moe_layers")
+        _positive(self, "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "num_kv_heads", "head_dim")
+        for n in ("ffn_hidden_size", "num_experts", "top_k", "expert_ffn_hidden_size", "num_shared_experts",
+                  "num_attention_layers", "num_moe_layers", "non_expert_params", "expert_params"):
+            v = getattr(self, n)
+            if v is not None and v < 0:
+                raise ValueError(f"ModelConfig.{n} must be >= 0, got {v!r}")
+        if self.num_attention_layers is not None and self.num_attention_layers > self.num_layers:
+            raise ValueError(f"ModelConfig.num_attention_layers ({self.num_attention_layers}) exceeds num_layers "
+                             f"({self.num_layers})")
+        if self.num_moe_layers is not None and self.num_moe_layers > self.num_layers:
+            raise ValueError(
+                f"ModelConfig.num_moe_layers ({self.num_moe_layers}) exceeds num_layers ({self.num_layers})")
+        if self.num_experts > 0:
+            if not 0 < self.top_k <= self.num_experts:
+                raise ValueError(f"ModelConfig.top_k must be in [1, num_experts={self.num_experts}], got {self.top_k}")
+            if self.expert_ffn_hidden_size <= 0 and self.expert_params is None:
+                raise ValueError(
+                    "ModelConfig.expert_ffn_hidden_size is required for a MoE model (or give expert_params)")
+        elif self.expert_params:
+            raise ValueError("ModelConfig.expert_params is set but num_experts is 0; give num_experts and top_k too")
+        if self.num_experts == 0 and self.ffn_hidden_size <= 0 and self.non_expert_params is None:
+            raise ValueError("ModelConfig.ffn_hidden_size is required for a dense model")
+        if self.moe_layers < self.num_layers and self.ffn_hidden_size <= 0 and self.non_expert_params is None:
+            raise ValueError(f"ModelConfig.ffn_hidden_size is required: {self.num_layers - self.moe_layers} layers "
+                             "are dense")
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any], where: str = "model") -> ModelConfig:
+        return _from_dict(cls, data, where)
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> ModelConfig:
+        """Read a JSON model file (field names as in this class)."""
+        return cls.from_dict(_load_json(path), f"model file {path}")
+
+
+@dataclass
+class ClusterConfig:
+    """The GPUs: nodes x GPUs per node, memory, links and peak throughput."""
+
+    num_nodes: int
+    """Nodes in the job."""
+    gpus_per_node: int
+    """G: GPUs per node sharing the fast intra-node fabric (NVLink)."""
+    gpu_memory: float
+    """Bytes of memory per GPU (80 GB H100 = 80e9; state binary capacities as 2**30 multiples yourself)."""
+    peak_flops: float
+    """Peak dense bf16 FLOP/s per GPU (H100 SXM 989e12)."""
+    intra_node_bandwidth: float = 350e9
+    """Bytes/s per GPU for collectives inside a node (bus bandwidth, nccl-tests convention)."""
+    inter_node_bandwidth: float = 50e9
+    """Bytes/s per GPU for collectives across nodes (one 400 Gb/s NIC per GPU = 50e9)."""
+    world_size: Optional[int] = None
+    """Optional cross-check: must equal num_nodes * gpus_per_node."""
+    name: str = "cluster"
+    """Label used in reports."""
+
+    @property
+    def world(self) -> int:
+        """W = num_nodes * gpus_per_node."""
+        return self.num_nodes * self.gpus_per_node
+
+    def validate(self) -> None:
+        _integral(self, "num_nodes", "gpus_per_node", "world_size")
+        _positive(self, "num_nodes", "gpus_per_node", "gpu_memory", "peak_flops", "intra_node_bandwidth",
+                  "inter_node_bandwidth", "world_size")
+        if self.world_size is not None and self.world_size != self.world:
+            raise ValueError(f"ClusterConfig.world_size {self.world_size} is not num_nodes x gpus_per_node = "
+                             f"{self.num_nodes} x {self.gpus_per_node} = {self.world}; fix one of them")
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any], where: str = "cluster") -> ClusterConfig:
+        return _from_dict(cls, data, where)
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> ClusterConfig:
+        """Read a JSON cluster file (field names as in this class)."""
+        return cls.from_dict(_load_json(path), f"cluster file {path}")
+
+
+@dataclass
+class BatchConfig:
+    """One optimizer step's data. With a length distribution, a global batch is global_batch * seq_length tokens
+    of sampled sequences (each at most seq_length long) instead of global_batch full sequences."""
+
+    global_batch: int
+    """B: sequences (or packs of seq_length tokens) per optimizer step."""
+    seq_length: int
+    """s: tokens per sequence or pack."""
+    micro_batch: int = 1
+    """b: sequences (packs) per micro-batch; m = B / (b * DP) micro-batches per DP rank."""
+
+    def validate(self) -> None:
+        _integral(self, "global_batch", "seq_length", "micro_batch")
+        _positive(self, "global_batch", "seq_length", "micro_batch")
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any], where: str = "batch") -> BatchConfig:
+        return _from_dict(cls, data, where)
+
+
+RECOMPUTE = ("none", "selective", "full")
+OPTIMIZERS = ("zero0", "zero1", "zero2", "zero3", "distributed")
+ETP_CHOICES = ("1", "tp", "any")
+
+
+@dataclass
+class PlannerOptions:
+    """Training options and planner knobs."""
+
+    optimizer: str = "distributed"
+    """'distributed' (Megatron distributed optimizer: fp32 main params + Adam moments sharded, grad buffer whole),
+    or ZeRO 'zero0' (plain DDP), 'zero1', 'zero2' (grads sharded too), 'zero3' (weights sharded too)."""
+    grad_dtype: str = "fp32"
+    """Main-gradient dtype: 'fp32' (Megatron default with bf16 params: 6 + 12/d bytes/param) or 'bf16' (4 + 12/d)."""
+    recompute: str = "selective"
+    """Activation recompute: 'none', 'selective' (core attention) or 'full' (keep only each layer's input)."""
+    flash_attention: bool = True
+    """Fused attention: no a*s^2 score tensor is stored, so 'none' and 'selective' keep the same memory."""
+    chunked_ce: bool = False
+    """Fused/chunked linear cross-entropy: fp32 logits exist for ce_chunk_tokens at a time instead of all tokens."""
+    ce_chunk_tokens: int = 1024
+    """Tokens per cross-entropy chunk when chunked_ce."""
+    etp: str = "any"
+    """Expert tensor parallel size: '1', 'tp' (Megatron's default ETP = TP) or 'any' (enumerate both)."""
+    ep_divides_dp: bool = False
+    """Require EP | DP (legacy Megatron, the seed's rule). False = MoE parallel folding: attention uses
+    TPxCPxDPxPP and experts ETPxEPxEDPxPP, each = W."""
+    tp_in_node: bool = True
+    """TP groups must stay inside a node (TP divides G)."""
+    ep_in_node: bool = True
+    """EP x ETP groups must stay inside a node (all-to-all over NVLink)."""
+    allow_uneven_pp: bool = False
+    """Accept L % PP != 0 (stages get ceil(L/PP) layers; the layout is flagged 'uneven')."""
+    max_vpp: int = 1
+    """Largest virtual-pipeline (interleaving) degree to enumerate; 1 = none."""
+    cp_sizes: Optional[Tuple[int, ...]] = None
+    """Restrict CP to these degrees (e.g. (1,) for a search without CP); None = every divisor of W."""
+    memory_headroom: float = 0.8
+    """Usable fraction of GPU memory (Fujii et al.: estimates under 80% never OOMed in 454 runs)."""
+    nccl_buffer_bytes: float = 0.5e9
+    """Communicator buffer bytes per process group of size > 1 (~0.5 GB per communicator, Fujii et al.)."""
+    mfu: float = 0.45
+    """Achieved fraction of peak_flops on the model's FLOPs (6N + attention, recompute on top)."""
+    moe_imbalance: float = 1.0
+    """Load on the busiest expert rank / mean (1 = uniform routing); scales routed-expert compute, memory, a2a."""
+    tie_tolerance: float = 0.01
+    """Predicted step times within this relative distance of each other are ties, broken by memory headroom (the
+    analytic model is not more accurate than this)."""
+    sample_batches: int = 4
+    """Global batches sampled from a length distribution for the scheduler-based prediction."""
+    predict_top: int = 16
+    """With a length distribution, plan only the best ``predict_top`` layouts by analytic time (0 = all)."""
+    dynamic_strategy: str = "auto"
+    """Scheduler strategy for the dynamic prediction: 'auto' = 'dynacp' when built, else 'fcp'."""
+    group_overhead: float = 2e-3
+    """c in the scheduler's cost model: fixed seconds per CP group (launches, synchronisation)."""
+    seed: int = 0
+    """Random seed for sampling global batches."""
+
+    def validate(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"PlannerOptions.optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.grad_dtype not in ("fp32", "bf16"):
+            raise ValueError(f"PlannerOptions.grad_dtype must be 'fp32' or 'bf16', got {self.grad_dtype!r}")
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"PlannerOptions.recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if str(self.etp) not in ETP_CHOICES:
+            raise ValueError(f"PlannerOptions.etp must be one of {', '.join(ETP_CHOICES)}, got {self.etp!r}")
+        self.etp = str(self.etp)
+        _integral(self, "max_vpp", "ce_chunk_tokens", "sample_batches", "seed", "predict_top")
+        if self.predict_top < 0:
+            raise ValueError(f"PlannerOptions.predict_top must be >= 0, got {self.predict_top}")
+        _positive(self, "max_vpp", "ce_chunk_tokens", "mfu", "moe_imbalance", "sample_batches")
+        if not 0 < self.memory_headroom <= 1:
+            raise ValueError(f"PlannerOptions.memory_headroom must be in (0, 1], got {self.memory_headroom}")
+        if self.mfu > 1:
+            raise ValueError(f"PlannerOptions.mfu must be in (0, 1], got {self.mfu}")
+        for n in ("nccl_buffer_bytes", "tie_tolerance", "group_overhead"):
+            if getattr(self, n) < 0:
+                raise ValueError(f"PlannerOptions.{n} must be >= 0, got {getattr(self, n)}")
+        if self.cp_sizes is not None:
+            self.cp_sizes = tuple(self.cp_sizes)
+            if not self.cp_sizes or any(not isinstance(c, int) or c < 1 for c in self.cp_sizes):
+                raise ValueError(f"PlannerOptions.cp_sizes must be positive integers, got {self.cp_sizes!r}")
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any], where: str = "options") -> PlannerOptions:
+        return _from_dict(cls, data, where)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One parallel layout. TP*PP*CP*DP = W (attention side) and ETP*EP*EDP*PP = W (expert side)."""
+
+    tp: int
+    """Tensor parallel size t."""
+    pp: int
+    """Pipeline parallel size p."""
+    cp: int
+    """Context parallel size c."""
+    dp: int
+    """Data parallel size d = W / (t p c)."""
+    ep: int = 1
+    """Expert parallel size e."""
+    etp: int = 1
+    """Expert tensor parallel size t_e."""
+    vpp: int = 1
+    """Virtual pipeline chunks per rank v."""
+    edp: int = field(default=1)
+    """Expert data parallel size d_e = W / (t_e e p)."""
+
+    @property
+    def name(self) -> str:
+        """E.g. 'TP1/PP1/CP1/EP8/ETP1/DP40' (EP and ETP omitted when both are 1; 'PP4x2' = PP 4 with VPP 2)."""
+        return self.label(self.ep > 1 or self.etp > 1)
+
+    def label(self, moe: bool) -> str:
+        """The name, with EP and ETP always shown when ``moe``."""
+        s = f"TP{self.tp}/PP{self.pp}" + (f"x{self.vpp}" if self.vpp > 1 else "") + f"/CP{self.cp}"
+        if moe:
+            s += f"/EP{self.ep}/ETP{self.etp}"
+        return s + f"/DP{self.dp}"

@@ -1,0 +1,81 @@
+// Fuzz target: random pools, cost models and batches through every strategy (pp 1, 2 and 4); every plan must
+// pass Plan::validate and never beat the lower bound; dynacp must never be slower than another strategy.
+//   fuzz_plans [--instances N] [--seed S]      (CTest runs a short version; docs/benchmarks.md the long one)
+// A pipelined plan the simulator rejects as a 1F1B deadlock counts separately (only the anchors make them).
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "dynacp/model/error.hpp"
+#include "dynacp/sim/planner.hpp"
+
+using namespace dynacp;
+
+int main(int argc, char** argv) {
+  long instances = 1000;
+  std::uint64_t seed = 1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--instances"))
+      instances = std::stol(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--seed"))
+      seed = std::stoull(argv[i + 1]);
+  }
+  std::mt19937_64 rng(seed);
+  long plans = 0, failed = 0, deadlocks = 0, dynacp_worse = 0;
+  const auto names = solve::strategy_names();
+  for (long it = 0; it < instances; ++it) {
+    Cluster c;
+    c.ranks_per_node = 1 + static_cast<int>(rng() % 8);
+    c.num_ranks = c.ranks_per_node * (1 + static_cast<int>(rng() % 8));
+    CostModel cost;
+    cost.attn_coef *= std::exp(std::uniform_real_distribution<double>(-2, 2)(rng));
+    cost.group_overhead *= std::uniform_real_distribution<double>(0, 2)(rng);
+    cost.kv_bytes_per_token *= std::uniform_real_distribution<double>(0, 3)(rng);
+    const std::int64_t cap = 256 + static_cast<std::int64_t>(rng() % 8192);
+    c.activation_budget = static_cast<double>(cap) * cost.mem_per_token;
+    Batch b;
+    const int n = 1 + static_cast<int>(rng() % 96);
+    std::lognormal_distribution<double> logn(std::log(static_cast<double>(cap)) - 1.5, 1.5);
+    for (int i = 0; i < n; ++i) {
+      b.lengths.push_back(std::clamp<std::int64_t>(static_cast<std::int64_t>(logn(rng)), 1, cap * c.num_ranks));
+      b.masks.push_back(rng() % 6 == 0 ? Mask::Full : Mask::Causal);
+    }
+    PlanOptions o;
+    o.pp = it % 5 == 0 ? 4 : (it % 5 == 1 ? 2 : 1);
+    double best_other = -1, dyn = -1;
+    for (const auto& name : names) {
+      o.strategy = name;
+      ++plans;
+      try {
+        const Plan p = plan(b, c, cost, o);
+        p.validate(b, c, cost);
+        if (p.predicted.step_time < p.predicted.lower_bound * (1 - 1e-9))
+          throw Error("step time below the lower bound");
+        if (name == "dynacp")
+          dyn = p.predicted.step_time;
+        else
+          best_other = best_other < 0 ? p.predicted.step_time : std::min(best_other, p.predicted.step_time);
+      } catch (const Error& e) {
+        if (o.pp > 1 && std::string(e.what()).find("cycle") != std::string::npos && name != "dynacp") {
+          ++deadlocks;
+          continue;
+        }
+        ++failed;
+        std::fprintf(stderr, "instance %ld strategy %s pp %d: %s\n", it, name.c_str(), o.pp, e.what());
+      } catch (const std::exception& e) {
+        ++failed;
+        std::fprintf(stderr, "instance %ld strategy %s pp %d: %s\n", it, name.c_str(), o.pp, e.what());
+      }
+    }
+    if (dyn >= 0 && best_other >= 0 && dyn > best_other * (1 + 1e-9)) {
+      ++dynacp_worse;
+      std::fprintf(stderr, "instance %ld: dynacp %.6g slower than another strategy %.6g\n", it, dyn, best_other);
+    }
+  }
+  std::printf("fuzz: %ld instances, %ld plans, %ld anchor plans rejected as 1F1B deadlocks, %ld dynacp slower\n",
+              instances, plans, deadlocks, dynacp_worse);
+  std::printf("fuzz: %ld passed, %ld failed\n", plans - failed - deadlocks, failed + dynacp_worse);
+  return failed + dynacp_worse == 0 ? 0 : 1;
+}
