@@ -19,6 +19,7 @@
 
 #include "dynacp/model/error.hpp"
 #include "dynacp/solve/evaluate.hpp"
+#include "dynacp/solve/microbatch.hpp"
 #include "dynacp/solve/placement.hpp"
 #include "dynacp/solve/strategies.hpp"
 #include "dynacp/solve/timeline.hpp"
@@ -66,9 +67,13 @@ class NodePicker {
       const int k = std::min(nodes_, (d + rpn_ - 1) / rpn_);
       int best = 0;
       double best_t = 0;
-      for (int first = 0; first + k <= nodes_; ++first) {  // window start time = max over its nodes' latest rank
-        double t = 0;
-        for (int n = first; n < first + k; ++n) t = std::max(t, sorted_[static_cast<std::size_t>(n)].back().first);
+      std::vector<double> window;
+      for (int first = 0; first + k <= nodes_; ++first) {  // window start time = its d-th earliest free rank
+        window.clear();
+        for (int n = first; n < first + k; ++n)
+          for (const auto& [t, r] : sorted_[static_cast<std::size_t>(n)]) window.push_back(t);
+        std::nth_element(window.begin(), window.begin() + (d - 1), window.end());
+        const double t = window[static_cast<std::size_t>(d - 1)];
         if (first == 0 || t < best_t) best = first, best_t = t;
       }
       std::vector<std::pair<double, int>> cand;
@@ -262,21 +267,41 @@ class Builder {
     return spill;
   }
 
-  /// A pipelined plan of m exclusive slots: sequences dealt longest-work first to the lightest slot with token
-  /// room; each slot scans a few targets tau and keeps its fastest layout; what does not fit moves on.
+  double total_work() const {
+    double w = 0;
+    for (const auto& q : seqs_) w += q.work;
+    return w;
+  }
+  bool has_wide_rings() const {
+    for (const auto& q : seqs_)
+      if (q.dmin > cluster_.ranks_per_node) return true;
+    return false;
+  }
+  double largest_work() const { return order_.empty() ? 0.0 : seqs_[order_.front()].work; }
+
+  /// A pipelined plan of m exclusive slots (every rank runs one microbatch per slot). Sequences, longest work
+  /// first, fill the slots against the equal-count workload quota (eqs. 1-3: total / m per slot), alternating
+  /// the blog's two objectives: workload-first (the slot with the least work, when it has token room) and, when
+  /// memory binds, memory-first (the slot under quota with the most token room). Each slot then scans a few
+  /// targets tau and keeps its fastest layout; what does not fit moves on.
   Plan slotted(int m) const {
     const int P = cluster_.num_ranks;
     const double slot_cap = static_cast<double>(cap_) * P;
+    const double quota = workload_quotas(total_work(), std::vector<int>(1, m), 1, 1).front();
     std::vector<std::vector<std::size_t>> slots(static_cast<std::size_t>(m));
     std::vector<double> work(static_cast<std::size_t>(m), 0.0), tokens(static_cast<std::size_t>(m), 0.0);
     for (std::size_t i : order_) {
-      std::size_t best = 0;
-      bool found = false;
-      for (std::size_t k = 0; k < slots.size(); ++k)
-        if (tokens[k] + static_cast<double>(seqs_[i].len) <= slot_cap && (!found || work[k] < work[best]))
-          best = k, found = true;
-      if (!found) best = static_cast<std::size_t>(std::min_element(work.begin(), work.end()) - work.begin());
-      slots[best].push_back(i), work[best] += seqs_[i].work, tokens[best] += static_cast<double>(seqs_[i].len);
+      const double len = static_cast<double>(seqs_[i].len);
+      std::size_t best = static_cast<std::size_t>(std::min_element(work.begin(), work.end()) - work.begin());
+      if (tokens[best] + len > slot_cap) {  // memory binds: the slot under quota with the most token room
+        bool found = false;
+        for (std::size_t k = 0; k < slots.size(); ++k)
+          if (tokens[k] + len <= slot_cap && work[k] < quota && (!found || tokens[k] < tokens[best]))
+            best = k, found = true;
+        for (std::size_t k = 0; !found && k < slots.size(); ++k)
+          if (tokens[k] + len <= slot_cap) best = k, found = true;
+      }
+      slots[best].push_back(i), work[best] += seqs_[i].work, tokens[best] += len;
     }
     TimelineBuilder tl(batch_, cluster_, cost_);
     std::vector<std::size_t> carry;
@@ -304,10 +329,14 @@ class Builder {
   }
 
   /// Builds the plan for target tau; returns its makespan and, if `out` is given, the plan.
-  double build(double tau, int local_search_rounds, Plan* out) const {
+  /// Ring placement orders tried: largest area (T d) first, longest first, widest first.
+  static constexpr int kRingOrders = 3;
+  /// Pools up to this many nodes get the full search for rings wider than a node (neighbour degrees, orders).
+  static constexpr int kWideNodes = 128;
+
+  double build(double tau, int local_search_rounds, Plan* out, int ring_order = 0) const {
     const int P = cluster_.num_ranks;
     const int rpn = cluster_.ranks_per_node;
-    TimelineBuilder tl(batch_, cluster_, cost_);
     std::vector<std::size_t> shorts;
     // 1. ring sequences
     struct Ring {
@@ -325,17 +354,55 @@ class Builder {
       const int chosen = degree_for(s, tau);
       rings.push_back({i, chosen, time1(s, chosen)});
     }
-    std::stable_sort(rings.begin(), rings.end(), [](const Ring& a, const Ring& b) { return a.t * a.d > b.t * b.d; });
+    std::stable_sort(rings.begin(), rings.end(), [ring_order](const Ring& a, const Ring& b) {
+      if (ring_order == 1) return a.t > b.t;
+      if (ring_order == 2) return a.d != b.d ? a.d > b.d : a.t > b.t;
+      return a.t * a.d > b.t * b.d;
+    });
+    // Rings are placed on a scratch timeline; the idle time a rank spends waiting for a ring's other ranks
+    // becomes a gap that short sequences can fill without delaying anything.
+    struct Placed {
+      std::vector<int> ranks;
+      std::int64_t id;
+      double start;
+    };
+    struct Gap {
+      int rank;
+      double start, room;
+      Bin bin;
+    };
+    std::vector<Placed> placed;
+    std::vector<Gap> gaps;
     std::optional<NodePicker> picker;
     if (!rings.empty()) picker.emplace(P, rpn);
+    TimelineBuilder scratch(batch_, cluster_, cost_);
     for (const auto& ring : rings) {
-      auto ranks = picker->pick(ring.d, tl.free());
-      tl.add(ranks, {seqs_[ring.seq].id});
-      for (int node = ranks.front() / rpn; node <= ranks.back() / rpn; ++node) picker->update(node, tl.free());
+      // The degree that reaches tau, or a neighbour that finishes earlier on the ranks free right now.
+      std::vector<int> ranks;
+      double start = 0.0, finish_at = 0.0;
+      const Seq& q = seqs_[ring.seq];
+      // (On pools of more than kWideNodes nodes a window search is O(nodes), so rings wider than a node keep d.)
+      const int span = ring.d <= rpn || P / rpn <= kWideNodes ? 2 : 0;
+      for (int d = std::max(q.dmin, ring.d - span); d <= std::min(P, ring.d + span); ++d) {
+        auto cand = picker->pick(d, scratch.free());
+        double s0 = 0.0;
+        for (int r : cand) s0 = std::max(s0, scratch.free()[static_cast<std::size_t>(r)]);
+        const double f = s0 + time1(q, d);
+        if (ranks.empty() || f < finish_at) ranks = std::move(cand), start = s0, finish_at = f;
+      }
+      for (int r : ranks) {
+        const double idle = start - scratch.free()[static_cast<std::size_t>(r)];
+        if (idle > cost_.group_overhead) gaps.push_back({r, scratch.free()[static_cast<std::size_t>(r)], idle, {}});
+      }
+      scratch.add(ranks, {seqs_[ring.seq].id});
+      for (int node = ranks.front() / rpn; node <= ranks.back() / rpn; ++node) picker->update(node, scratch.free());
+      placed.push_back({std::move(ranks), seqs_[ring.seq].id, start});
     }
 
-    // 2. shorts: longest work first onto the rank that finishes earliest
-    std::vector<double> base = tl.free();
+    // 2. shorts: into the tightest gap that holds them, else longest work first onto the rank that finishes first
+    std::multiset<std::pair<double, std::size_t>> by_room;
+    for (std::size_t g = 0; g < gaps.size(); ++g) by_room.insert({gaps[g].room, g});
+    std::vector<double> base = scratch.free();
     std::vector<std::vector<Bin>> bins(static_cast<std::size_t>(P));
     std::vector<double> fin = base;
     using Item = std::pair<double, int>;
@@ -343,6 +410,21 @@ class Builder {
     for (int r = 0; r < P; ++r) heap.push({fin[static_cast<std::size_t>(r)], r});
     for (std::size_t i : shorts) {
       const Seq& s = seqs_[i];
+      bool gapped = false;
+      int tries = 0;
+      for (auto it = by_room.lower_bound({s.work, 0}); it != by_room.end() && tries < 8; ++it, ++tries) {
+        Gap& g = gaps[it->second];
+        const double need = s.work + (g.bin.seqs.empty() ? cost_.group_overhead : 0.0);
+        if (need > g.room || g.bin.tokens + s.len > cap_) continue;
+        const std::size_t gi = it->second;
+        by_room.erase(it);
+        g.bin.seqs.push_back(i), g.bin.tokens += s.len, g.bin.work += s.work;
+        g.room -= need;
+        by_room.insert({g.room, gi});
+        gapped = true;
+        break;
+      }
+      if (gapped) continue;
       const int r = heap.top().second;
       heap.pop();
       auto& rb = bins[static_cast<std::size_t>(r)];
@@ -359,13 +441,34 @@ class Builder {
 
     const double makespan = *std::max_element(fin.begin(), fin.end());
     if (!out) return makespan;
+    // Emit in planned start order (a gap group before the ring it precedes) so every group keeps its start time.
+    struct Event {
+      double start;
+      int kind;  // 0 = gap group, 1 = ring
+      std::size_t index;
+    };
+    std::vector<Event> events;
+    for (std::size_t g = 0; g < gaps.size(); ++g)
+      if (!gaps[g].bin.seqs.empty()) events.push_back({gaps[g].start, 0, g});
+    for (std::size_t k = 0; k < placed.size(); ++k) events.push_back({placed[k].start, 1, k});
+    std::stable_sort(events.begin(), events.end(), [](const Event& x, const Event& y) {
+      return x.start != y.start ? x.start < y.start : x.kind < y.kind;
+    });
+    TimelineBuilder tl(batch_, cluster_, cost_);
+    auto ids_of = [&](const Bin& b) {
+      std::vector<std::int64_t> ids;
+      for (std::size_t i : b.seqs) ids.push_back(seqs_[i].id);
+      return ids;
+    };
+    for (const auto& e : events) {
+      if (e.kind == 0)
+        tl.add({gaps[e.index].rank}, ids_of(gaps[e.index].bin));
+      else
+        tl.add(placed[e.index].ranks, {placed[e.index].id});
+    }
     for (int r = 0; r < P; ++r)
-      for (const auto& b : bins[static_cast<std::size_t>(r)]) {
-        if (b.seqs.empty()) continue;
-        std::vector<std::int64_t> ids;
-        for (std::size_t i : b.seqs) ids.push_back(seqs_[i].id);
-        tl.add({r}, std::move(ids));
-      }
+      for (const auto& bn : bins[static_cast<std::size_t>(r)])
+        if (!bn.seqs.empty()) tl.add({r}, ids_of(bn));
     *out = tl.to_plan();
     return makespan;
   }
@@ -481,10 +584,15 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
   constexpr int kLocalSearch = 200;
   std::vector<double> taus;
   for (int k = 0; k <= kGrid; ++k) taus.push_back(lo * std::pow(hi / lo, static_cast<double>(k) / kGrid));
+  // Ring placement order matters only when some ring spans more than a node; then all orders are tried.
+  const int orders = b.has_wide_rings() && cluster.num_nodes() <= Builder::kWideNodes ? Builder::kRingOrders : 1;
   double best_tau = taus.front(), best_t = -1;
+  int best_order = 0;
   auto attempt = [&](double tau) {
-    const double t = b.build(tau, 0, nullptr);
-    if (best_t < 0 || t < best_t) best_t = t, best_tau = tau;
+    for (int order = 0; order < orders; ++order) {
+      const double t = b.build(tau, 0, nullptr, order);
+      if (best_t < 0 || t < best_t) best_t = t, best_tau = tau, best_order = order;
+    }
   };
   for (double tau : taus) attempt(tau);
   // refine between the neighbours of the best grid point
@@ -494,17 +602,21 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     attempt(best_tau / std::pow(step, k / 4.0));
   }
   std::vector<Plan> candidates(1);
-  b.build(best_tau, kLocalSearch, &candidates[0]);
+  b.build(best_tau, kLocalSearch, &candidates[0], best_order);
   if (options.pp > 1) {
     // Pipelined: exclusive slots for m on the grid [pp, 4 pp] (multiples of pp), at least as many as memory needs.
     const double need = static_cast<double>(batch.total_tokens()) /
                         (static_cast<double>(cost.token_capacity(cluster)) * cluster.num_ranks);
     const int m_min = std::max(1, static_cast<int>(std::ceil(need)));
-    for (int k = 1; k <= 4; ++k) {
-      const int m = std::max(k * options.pp, (m_min + options.pp - 1) / options.pp * options.pp);
-      if (m > static_cast<int>(batch.size()) && k > 1) break;
-      candidates.push_back(b.slotted(m));
+    // The knee of the per-microbatch budget curve over m = pp..4 pp (figure 7), and its grid neighbours.
+    const int knee = knee_microbatches(b.total_work(), b.largest_work(), cluster.num_ranks, options.pp, 4);
+    const int floor_m = (m_min + options.pp - 1) / options.pp * options.pp;
+    std::vector<int> grid;
+    for (int m : {knee - options.pp, knee, knee + options.pp}) {
+      m = std::max({m, options.pp, floor_m});
+      if (std::find(grid.begin(), grid.end(), m) == grid.end()) grid.push_back(m);
     }
+    for (int m : grid) candidates.push_back(b.slotted(m));
   }
   for (const auto& s : strategies())
     if (std::string(s.name) != "dynacp") candidates.push_back(s.fn(batch, cluster, cost, options));

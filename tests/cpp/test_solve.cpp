@@ -10,6 +10,7 @@
 #include "dynacp/sim/planner.hpp"
 #include "dynacp/solve/degrees.hpp"
 #include "dynacp/solve/evaluate.hpp"
+#include "dynacp/solve/microbatch.hpp"
 #include "dynacp/solve/packing.hpp"
 #include "dynacp/solve/placement.hpp"
 
@@ -225,4 +226,56 @@ TEST(Planner, RejectsBadInputsWithNames) {
   EXPECT_THROW(plan(Batch(std::vector<std::int64_t>{}), c, cost, o), InvalidArgument);
   o.strategy = "nope";
   EXPECT_THROW(plan(Batch({10}), c, cost, o), InvalidArgument);
+}
+
+TEST(Microbatch, QuotasEqualiseFinishTimes) {
+  const std::vector<int> counts{2, 4, 8};
+  const auto w = workload_quotas(100.0, counts, 4, 2);
+  double total = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    total += w[i] * counts[i];
+    EXPECT_NEAR(w[i] * (counts[i] * 2 + 3), w[0] * (counts[0] * 2 + 3), 1e-9);  // eq. 1
+  }
+  EXPECT_NEAR(total, 100.0, 1e-9);  // eq. 3
+  EXPECT_GT(w[0], w[2]);            // more microbatches, smaller ones
+  EXPECT_THROW(workload_quotas(1.0, {0}, 4, 1), InvalidArgument);
+}
+
+TEST(Microbatch, KneeOfTheBudgetCurve) {
+  // budget(m) = max(6400 / (8 m), largest): with a large item the curve is flat from the start
+  EXPECT_EQ(knee_microbatches(6400, 1000, 8, 4, 4), 4);
+  // 1/m halves from m = 4 to 8 (50 %), then 33 %, 25 %: with flat = 0.3 the knee is at 12
+  EXPECT_EQ(knee_microbatches(6400, 0, 8, 4, 4, 0.3), 12);
+  EXPECT_EQ(knee_microbatches(6400, 0, 8, 4, 4, 0.1), 16);
+}
+
+TEST(Strategies, DynacpNeverSlowerThanAnyOtherAndHonoursEqualCounts) {
+  std::mt19937_64 rng(11);
+  CostModel cost;
+  for (int trial = 0; trial < 40; ++trial) {
+    const int P = 8 * (1 + static_cast<int>(rng() % 3));
+    const Cluster c = make_cluster(P, 8, 2048, cost);
+    const Batch b = random_batch(rng, 40 + static_cast<int>(rng() % 200), 2048 * P, false);
+    for (int pp : {1, 2}) {
+      PlanOptions o;
+      o.pp = pp;
+      double others = std::numeric_limits<double>::infinity();
+      for (const auto& name : strategy_names()) {
+        if (name == "dynacp") continue;
+        o.strategy = name;
+        try {
+          others = std::min(others, plan(b, c, cost, o).predicted.step_time);
+        } catch (const Error&) {  // an anchor's pipelined plan that deadlocks under 1F1B
+        }
+      }
+      o.strategy = "dynacp";
+      const Plan d = plan(b, c, cost, o);
+      ASSERT_LE(d.predicted.step_time, others * (1 + 1e-12)) << "trial " << trial << " pp " << pp;
+      if (pp > 1) {
+        o.count_policy = CountPolicy::Equal;
+        const Plan e = plan(b, c, cost, o);
+        for (int r = 1; r < P; ++r) ASSERT_EQ(e.microbatches_of(r), e.microbatches_of(0)) << "trial " << trial;
+      }
+    }
+  }
 }
