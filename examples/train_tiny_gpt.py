@@ -41,7 +41,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10, help="global batches to train")
     p.add_argument("--samples-per-rank", type=int, default=8, help="sequences each rank reads per global batch")
     p.add_argument("--capacity", type=int, default=256, help="tokens one rank holds per microbatch")
-    p.add_argument("--strategy", default="fcp", help=f"one of {dynacp.strategy_names()}")
+    p.add_argument("--strategy", default="dynacp", help=f"one of {dynacp.strategy_names()}")
     p.add_argument("--count-policy", default="variable", choices=["equal", "variable"])
     p.add_argument("--sync-planning", action="store_true", help="plan inside each step instead of one step ahead")
     p.add_argument("--attention", default="auto", choices=["auto", "ring", "allgather"])

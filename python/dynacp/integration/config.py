@@ -25,8 +25,9 @@ class Planner:
     mismatch raises :class:`PlanMismatchError` on every rank.
     """
 
-    strategy: str = "fcp"
-    """Scheduler strategy, a name from :func:`dynacp.strategy_names` (e.g. ``"fcp"``, ``"packing"``)."""
+    strategy: str = "dynacp"
+    """Scheduler strategy, a name from :func:`dynacp.strategy_names` (default ``"dynacp"``, the best; ``"fcp"``,
+    ``"megatron"``, ``"bytescale"``, ``"packing"`` for comparison)."""
     cluster: Optional[dynacp.Cluster] = None
     """The DP x CP pool as the cost model sees it. ``num_ranks`` must equal the pool size; ``None`` builds
     ``Cluster(num_ranks=pool size, ranks_per_node=pool size)`` with default budgets."""
