@@ -173,6 +173,40 @@ class Builder {
     return t;
   }
 
+  struct Ring {
+    std::size_t seq;
+    int d;     // the degree that reaches tau (or the fastest)
+    double t;  // T(s, d)
+  };
+
+  /// What a build for tau depends on: the ring sequences and their degrees.
+  std::vector<std::pair<std::size_t, int>> signature(double tau) const {
+    std::vector<std::pair<std::size_t, int>> sig;
+    for (std::size_t i = 0; i < seqs_.size(); ++i)
+      if (seqs_[i].dmin > 1 || seqs_[i].t1 > tau) sig.push_back({i, degree_for(seqs_[i], tau)});
+    return sig;
+  }
+
+  /// Splits `ids` (longest work first) into short sequences (one rank, within tau) and rings with their degree
+  /// for tau, the rings sorted by `ring_order`: 0 largest area T d, 1 longest, 2 widest.
+  void classify(const std::vector<std::size_t>& ids, double tau, int ring_order, std::vector<std::size_t>& shorts,
+                std::vector<Ring>& rings) const {
+    for (std::size_t i : ids) {
+      const Seq& q = seqs_[i];
+      if (q.dmin == 1 && q.t1 <= tau) {
+        shorts.push_back(i);
+      } else {
+        const int d = degree_for(q, tau);
+        rings.push_back({i, d, time1(q, d)});
+      }
+    }
+    std::stable_sort(rings.begin(), rings.end(), [ring_order](const Ring& a, const Ring& b) {
+      if (ring_order == 1) return a.t > b.t;
+      if (ring_order == 2) return a.d != b.d ? a.d > b.d : a.t > b.t;
+      return a.t * a.d > b.t * b.d;
+    });
+  }
+
   /// One exclusive slot (pipelined plans): each rank runs at most one group. Ring sequences take the degree that
   /// reaches tau, shorts go longest-work first to the least-loaded rank with token room, and a rank left empty
   /// takes half of the heaviest multi-sequence group (so counts stay equal where the data allows). Appends the
@@ -182,21 +216,8 @@ class Builder {
     constexpr double kInf = std::numeric_limits<double>::infinity();
     std::vector<double> busy(static_cast<std::size_t>(P), 0.0);  // kInf = taken by a ring
     std::vector<std::size_t> spill, shorts;
-    struct Ring {
-      std::size_t seq;
-      int d;
-      double t;
-    };
     std::vector<Ring> rings;
-    for (std::size_t i : subset) {
-      const Seq& q = seqs_[i];
-      if (q.dmin == 1 && q.t1 <= tau)
-        shorts.push_back(i);
-      else
-        rings.push_back({i, degree_for(q, tau), 0.0});
-    }
-    for (auto& r : rings) r.t = time1(seqs_[r.seq], r.d);
-    std::stable_sort(rings.begin(), rings.end(), [](const Ring& a, const Ring& b) { return a.t * a.d > b.t * b.d; });
+    classify(subset, tau, 0, shorts, rings);
     NodePicker picker(P, rpn);
     int left = P;
     std::vector<std::pair<std::vector<int>, std::vector<std::int64_t>>> groups;
@@ -337,28 +358,10 @@ class Builder {
   double build(double tau, int local_search_rounds, Plan* out, int ring_order = 0) const {
     const int P = cluster_.num_ranks;
     const int rpn = cluster_.ranks_per_node;
-    std::vector<std::size_t> shorts;
     // 1. ring sequences
-    struct Ring {
-      std::size_t seq;
-      int d;
-      double t;
-    };
+    std::vector<std::size_t> shorts;
     std::vector<Ring> rings;
-    for (std::size_t i : order_) {
-      const Seq& s = seqs_[i];
-      if (s.dmin == 1 && s.t1 <= tau) {
-        shorts.push_back(i);
-        continue;
-      }
-      const int chosen = degree_for(s, tau);
-      rings.push_back({i, chosen, time1(s, chosen)});
-    }
-    std::stable_sort(rings.begin(), rings.end(), [ring_order](const Ring& a, const Ring& b) {
-      if (ring_order == 1) return a.t > b.t;
-      if (ring_order == 2) return a.d != b.d ? a.d > b.d : a.t > b.t;
-      return a.t * a.d > b.t * b.d;
-    });
+    classify(order_, tau, ring_order, shorts, rings);
     // Rings are placed on a scratch timeline; the idle time a rank spends waiting for a ring's other ranks
     // becomes a gap that short sequences can fill without delaying anything.
     struct Placed {
@@ -588,7 +591,10 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
   const int orders = b.has_wide_rings() && cluster.num_nodes() <= Builder::kWideNodes ? Builder::kRingOrders : 1;
   double best_tau = taus.front(), best_t = -1;
   int best_order = 0;
+  // A build depends on tau only through which sequences become rings and their degrees: skip repeats.
+  std::set<std::vector<std::pair<std::size_t, int>>> seen;
   auto attempt = [&](double tau) {
+    if (!seen.insert(b.signature(tau)).second) return;
     for (int order = 0; order < orders; ++order) {
       const double t = b.build(tau, 0, nullptr, order);
       if (best_t < 0 || t < best_t) best_t = t, best_tau = tau, best_order = order;
