@@ -301,23 +301,33 @@ class Builder {
   double largest_work() const { return order_.empty() ? 0.0 : seqs_[order_.front()].work; }
 
   /// A pipelined plan of m exclusive slots (every rank runs one microbatch per slot). Sequences, longest work
-  /// first, fill the slots against the equal-count workload quota (eqs. 1-3: total / m per slot), alternating
+  /// first, fill the slots against workload quotas (eqs. 1-3; with `edge` < 1 the first and last slot get a
+  /// smaller share), alternating
   /// the blog's two objectives: workload-first (the slot with the least work, when it has token room) and, when
   /// memory binds, memory-first (the slot under quota with the most token room). Each slot then scans a few
   /// targets tau and keeps its fastest layout; what does not fit moves on.
-  Plan slotted(int m) const {
+  Plan slotted(int m, double edge) const {
     const int P = cluster_.num_ranks;
     const double slot_cap = static_cast<double>(cap_) * P;
-    const double quota = workload_quotas(total_work(), std::vector<int>(1, m), 1, 1).front();
+    // Slot weights: the first and last microbatch get `edge` (a light first forward and last backward shorten
+    // the pipeline fill and drain), the others 1; the quotas split the total work in proportion.
+    std::vector<double> weight(static_cast<std::size_t>(m), 1.0);
+    if (m > 2) weight.front() = weight.back() = edge;
+    double wsum = 0;
+    for (double w : weight) wsum += w;
+    std::vector<double> quota;
+    for (double w : weight) quota.push_back(total_work() * w / wsum);
     std::vector<std::vector<std::size_t>> slots(static_cast<std::size_t>(m));
     std::vector<double> work(static_cast<std::size_t>(m), 0.0), tokens(static_cast<std::size_t>(m), 0.0);
     for (std::size_t i : order_) {
       const double len = static_cast<double>(seqs_[i].len);
-      std::size_t best = static_cast<std::size_t>(std::min_element(work.begin(), work.end()) - work.begin());
+      std::size_t best = 0;  // workload-first: the slot furthest below its quota
+      for (std::size_t k = 1; k < slots.size(); ++k)
+        if (work[k] / weight[k] < work[best] / weight[best]) best = k;
       if (tokens[best] + len > slot_cap) {  // memory binds: the slot under quota with the most token room
         bool found = false;
         for (std::size_t k = 0; k < slots.size(); ++k)
-          if (tokens[k] + len <= slot_cap && work[k] < quota && (!found || tokens[k] < tokens[best]))
+          if (tokens[k] + len <= slot_cap && work[k] < quota[k] && (!found || tokens[k] < tokens[best]))
             best = k, found = true;
         for (std::size_t k = 0; !found && k < slots.size(); ++k)
           if (tokens[k] + len <= slot_cap) best = k, found = true;
@@ -622,7 +632,8 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       m = std::max({m, options.pp, floor_m});
       if (std::find(grid.begin(), grid.end(), m) == grid.end()) grid.push_back(m);
     }
-    for (int m : grid) candidates.push_back(b.slotted(m));
+    for (int m : grid)
+      for (double edge : {1.0, 0.3}) candidates.push_back(b.slotted(m, edge));
   }
   for (const auto& s : strategies())
     if (std::string(s.name) != "dynacp") candidates.push_back(s.fn(batch, cluster, cost, options));
