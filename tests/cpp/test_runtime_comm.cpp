@@ -10,26 +10,10 @@
 #include "dynacp/runtime/codec.hpp"
 #include "dynacp/runtime/comm.hpp"
 #include "dynacp/runtime/group_pool.hpp"
+#include "run_ranks.hpp"
 
 using namespace dynacp::runtime;
-
-namespace {
-void run_ranks(int n, const std::function<void(int)>& fn) {
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
-}  // namespace
+using dynacp::testing::run_ranks;
 
 TEST(ThreadComm, GroupedRingExchangeAndCollectives) {
   for (int n : {1, 2, 3, 5}) {

@@ -12,8 +12,10 @@
 
 #include "dynacp/model/error.hpp"
 #include "dynacp/runtime/attention.hpp"
+#include "run_ranks.hpp"
 
 using namespace dynacp::runtime;
+using dynacp::testing::run_ranks;
 
 namespace {
 
@@ -100,23 +102,6 @@ Grads reference(const Problem& p) {
     }
   }
   return g;
-}
-
-/// Runs fn(rank) on one thread per rank and rethrows the first exception.
-void run_ranks(int n, const std::function<void(int)>& fn) {
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
 }
 
 /// Shards `x` ([T, heads, D]) for a rank; padding rows get junk (999) that must never leak into results.
