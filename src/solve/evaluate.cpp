@@ -64,7 +64,9 @@ LowerBoundTerms lower_bound_terms(const Batch& batch, const Cluster& cluster, co
     longest = std::max(longest, best);
   }
   LowerBoundTerms t;
-  t.average = work / cluster.num_ranks;
+  // Every rank that runs anything pays at least one group overhead c, and a group's rank-time d T >= its work +
+  // c d; so with U ranks in use, step >= (sum work + c |U|) / |U| >= sum work / P + c.
+  t.average = work / cluster.num_ranks + cost.group_overhead;
   t.single = longest;
   t.wide = wide > 0 ? wide / cluster.num_ranks + cost.group_overhead : 0.0;
   t.wide_work = wide;

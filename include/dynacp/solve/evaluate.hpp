@@ -10,12 +10,13 @@ namespace dynacp::solve {
 /// is filled from lower_bound().
 Predicted evaluate(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost);
 
-/// max(sum of work / P, max over sequences of the best time of that sequence alone on any feasible degree).
+/// max(sum of work / P + c, the best time of the hardest sequence alone on any feasible degree, the summed work of
+/// the sequences that need more than half the pool / P + c).
 /// No plan can be faster under `cost`.
 double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost);
 
 struct LowerBoundTerms {
-  double average = 0.0;    ///< sum of work / P
+  double average = 0.0;    ///< sum of work / P + c (every rank in use pays one group overhead)
   double single = 0.0;     ///< best time of the hardest sequence alone
   double wide = 0.0;       ///< sequences needing more than P/2 ranks run one after another: their work / P + c
   double wide_work = 0.0;  ///< the summed work of those sequences
