@@ -14,13 +14,6 @@ void GroupStats::add(std::int64_t len, double eta) {
   ++count;
 }
 
-void GroupStats::remove(std::int64_t len, double eta) {
-  // max_len is an upper bound after removal; callers that need it exact recompute the stats.
-  tokens -= len;
-  weighted_sq -= eta * static_cast<double>(len) * static_cast<double>(len);
-  --count;
-}
-
 void CostModel::validate() const {
   auto check = [](const char* field, double v) {
     if (!std::isfinite(v) || v < 0)
@@ -73,11 +66,10 @@ double CostModel::time(const GroupStats& g, int d, const Cluster& c) const {
   return time(g, d, d > c.ranks_per_node, c);
 }
 
-int CostModel::best_degree(const GroupStats& g, int dmin, const Cluster& c) const {
+std::array<int, 2> CostModel::piece_minima(const GroupStats& g, int dmin, const Cluster& c) const {
   const int P = c.num_ranks, rpn = c.ranks_per_node;
   const int lo[2] = {dmin, std::max(dmin, rpn + 1)}, hi[2] = {std::min(rpn, P), P};
-  int best = 0;
-  double best_t = 0.0;
+  std::array<int, 2> arg{0, 0};
   for (int k = 0; k < 2; ++k) {
     int a = lo[k], z = hi[k];
     if (a > z) continue;
@@ -88,12 +80,18 @@ int CostModel::best_degree(const GroupStats& g, int dmin, const Cluster& c) cons
       else
         a = m1;
     }
-    for (int d = a; d <= z; ++d) {
-      const double t = time(g, d, c);
-      if (best == 0 || t < best_t) best = d, best_t = t;
-    }
+    arg[static_cast<std::size_t>(k)] = a;
+    for (int d = a + 1; d <= z; ++d)
+      if (time(g, d, c) < time(g, arg[static_cast<std::size_t>(k)], c)) arg[static_cast<std::size_t>(k)] = d;
   }
-  return best == 0 ? dmin : best;
+  return arg;
+}
+
+int CostModel::best_degree(const GroupStats& g, int dmin, const Cluster& c) const {
+  const auto arg = piece_minima(g, dmin, c);
+  if (arg[0] == 0) return arg[1] == 0 ? dmin : arg[1];
+  if (arg[1] == 0) return arg[0];
+  return time(g, arg[1], c) < time(g, arg[0], c) ? arg[1] : arg[0];
 }
 
 double CostModel::memory(const GroupStats& g, int d) const {

@@ -33,9 +33,9 @@ double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& 
 
 Predicted predict(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
                   const PlanOptions& options) {
-  Predicted p = solve::evaluate(plan, batch, cluster, cost);
-  p.lower_bound = lower_bound(batch, cluster, cost, options);
+  Predicted p = solve::evaluate(plan, batch, cluster, cost);  // its lower bound is the pp = 1 one
   if (options.pp <= 1) return p;
+  p.lower_bound = lower_bound(batch, cluster, cost, options);
   sim::PipelineProblem prob;
   prob.num_ranks = cluster.num_ranks;
   prob.pp = options.pp;

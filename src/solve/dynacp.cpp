@@ -34,9 +34,9 @@ struct Seq {
   double work;  // eta*a*s^2 + b*s
   int dmin;
   double t1 = 0.0;  // T(s, 1)
-  // T(s, d) is unimodal on each of the two pieces [dmin, rpn] (ring inside a node) and [rpn+1, P] (across
-  // nodes); arg[k] is the minimiser of piece k (0 when the piece is empty).
-  int lo[2] = {0, 0}, hi[2] = {0, 0}, arg[2] = {0, 0};
+  // T(s, d) on the pieces [lo[0], rpn] (ring inside a node) and [lo[1], P] (across nodes): arg[k] is the
+  // minimiser of piece k (CostModel::piece_minima; 0 when the piece is empty).
+  int lo[2] = {0, 0}, arg[2] = {0, 0};
 };
 
 struct Bin {                      // one group of short sequences on one rank
@@ -112,23 +112,11 @@ class Builder {
       const double eta = cost_.eta(b.mask(i));
       Seq q{static_cast<std::int64_t>(i), b.lengths[i], eta, cost_.work(b.lengths[i], b.mask(i)),
             cost_.min_degree(b.lengths[i], cluster_)};
-      const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
-      q.lo[0] = q.dmin, q.hi[0] = std::min(rpn, P);
-      q.lo[1] = std::max(q.dmin, rpn + 1), q.hi[1] = P;
-      for (int k = 0; k < 2; ++k) {
-        if (q.lo[k] > q.hi[k]) continue;
-        int a = q.lo[k], z = q.hi[k];  // integer ternary search for the minimum of a unimodal function
-        while (z - a > 2) {
-          const int m1 = a + (z - a) / 3, m2 = z - (z - a) / 3;
-          if (time1(q, m1) <= time1(q, m2))
-            z = m2;
-          else
-            a = m1;
-        }
-        q.arg[k] = a;
-        for (int d = a + 1; d <= z; ++d)
-          if (time1(q, d) < time1(q, q.arg[k])) q.arg[k] = d;
-      }
+      q.lo[0] = q.dmin, q.lo[1] = std::max(q.dmin, cluster_.ranks_per_node + 1);
+      GroupStats g;
+      g.add(q.len, q.eta);
+      const auto arg = cost_.piece_minima(g, q.dmin, cluster_);
+      q.arg[0] = arg[0], q.arg[1] = arg[1];
       q.t1 = time1(q, 1);
       seqs_.push_back(q);
     }

@@ -9,6 +9,7 @@
 //
 // All coefficients describe one whole training step of one microbatch (all layers, forward + backward).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -26,7 +27,6 @@ struct GroupStats {
   std::int64_t count = 0;    ///< number of sequences
 
   void add(std::int64_t len, double eta);
-  void remove(std::int64_t len, double eta);
 };
 
 struct CostModel {
@@ -61,9 +61,11 @@ struct CostModel {
   double time(const GroupStats& g, int d, bool crosses_nodes, const Cluster& cluster) const;
   /// T(G,d) when the group is placed as compactly as possible: crosses nodes only if d > ranks_per_node.
   double time(const GroupStats& g, int d, const Cluster& cluster) const;
-  /// The degree in [dmin, P] with the smallest T(G,d) under compact placement (ties: the smaller). Assumes T is
-  /// unimodal in d on each piece d <= ranks_per_node and d > ranks_per_node (true for this model's terms) and
-  /// finds each piece's minimum by integer ternary search: O(log P).
+  /// The minimisers of T(G,d) under compact placement on the two pieces of [dmin, P]: d <= ranks_per_node (one
+  /// node) and d > ranks_per_node (across nodes); 0 for an empty piece; ties go to the smaller d. Assumes T is
+  /// unimodal in d on each piece (true for this model's terms) and uses integer ternary search: O(log P).
+  std::array<int, 2> piece_minima(const GroupStats& g, int dmin, const Cluster& cluster) const;
+  /// The better of piece_minima (ties: the smaller degree).
   int best_degree(const GroupStats& g, int dmin, const Cluster& cluster) const;
   /// Per-rank activation bytes M(G,d).
   double memory(const GroupStats& g, int d) const;

@@ -84,16 +84,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Standalone entry (``python -m dynacp.planner.cli ...``), same as ``dynacp configs ...``."""
-    parser = argparse.ArgumentParser(prog="dynacp")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    add_parser(sub)
-    args = parser.parse_args(["configs", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"dynacp configs: error: {e}", file=sys.stderr)
-        return 2
+    from dynacp.cli import main as dynacp_main
+
+    return dynacp_main(["configs", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

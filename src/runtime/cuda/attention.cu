@@ -35,6 +35,20 @@ __device__ __forceinline__ __half from_f<__half>(float x) {
   return __float2half(x);
 }
 
+/// Stages keys [k0, k0 + n) of block d (KV head kh) into shared memory, all threads of the block cooperating.
+template <class T>
+__device__ __forceinline__ void stage_kv(const AttnShape& s, const BlockDesc& d, const T* __restrict__ k,
+                                         const T* __restrict__ v, int kh, std::int64_t k0, int n, float (*ks)[D_MAX],
+                                         float (*vs)[D_MAX]) {
+  const int D = s.dim;
+  for (int idx = threadIdx.x; idx < n * D; idx += blockDim.x) {
+    const int j = idx / D, e = idx % D;
+    const std::int64_t krow = d.row0 + k0 + j;
+    ks[j][e] = to_f(k[(krow * s.kv_heads + kh) * D + e]);
+    vs[j][e] = to_f(v[(krow * s.kv_heads + kh) * D + e]);
+  }
+}
+
 template <class T>
 __global__ void forward_kernel(AttnShape s, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                const BlockDesc* __restrict__ blocks, float scale, float* __restrict__ acc_out,
@@ -55,12 +69,7 @@ __global__ void forward_kernel(AttnShape s, const T* __restrict__ q, const T* __
   for (std::int64_t k0 = d.k_lo; k0 < d.k_hi; k0 += kTile) {
     const int n = int((d.k_hi - k0 < kTile ? d.k_hi - k0 : kTile));
     __syncthreads();
-    for (int idx = threadIdx.x; idx < n * D; idx += blockDim.x) {
-      const int j = idx / D, e = idx % D;
-      const std::int64_t krow = d.row0 + k0 + j;
-      ks[j][e] = to_f(k[(krow * s.kv_heads + kh) * D + e]);
-      vs[j][e] = to_f(v[(krow * s.kv_heads + kh) * D + e]);
-    }
+    stage_kv(s, d, k, v, kh, k0, n, ks, vs);
     __syncthreads();
     if (!active) continue;
     float sc[kTile];
@@ -119,12 +128,7 @@ __global__ void dq_kernel(AttnShape s, const T* __restrict__ q, const T* __restr
   for (std::int64_t k0 = d.k_lo; k0 < d.k_hi; k0 += kTile) {
     const int n = int((d.k_hi - k0 < kTile ? d.k_hi - k0 : kTile));
     __syncthreads();
-    for (int idx = threadIdx.x; idx < n * D; idx += blockDim.x) {
-      const int j = idx / D, e = idx % D;
-      const std::int64_t krow = d.row0 + k0 + j;
-      ks[j][e] = to_f(k[(krow * s.kv_heads + kh) * D + e]);
-      vs[j][e] = to_f(v[(krow * s.kv_heads + kh) * D + e]);
-    }
+    stage_kv(s, d, k, v, kh, k0, n, ks, vs);
     __syncthreads();
     if (!active) continue;
     for (int j = 0; j < n; ++j) {
