@@ -12,23 +12,7 @@
 namespace dynacp {
 
 double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options) {
-  const auto t = solve::lower_bound_terms(batch, cluster, cost);
-  if (options.pp <= 1) return std::max({t.average, t.single, t.wide});
-  // A microbatch crosses all stages forward and back, so the hardest sequence still takes its whole time.
-  // Each GPU of a pipeline does 1/pp of its pipeline's work (t.average = sum work / P + c, split over the stages),
-  // and the last stage cannot start before the smallest possible microbatch (at least c + w_min / P) has gone
-  // forward through the pp - 1 stages before it (forward = 1/3 of a microbatch's time). Wide sequences may now
-  // overlap at different stages, so they only add their per-GPU share.
-  double wmin = -1.0;
-  for (std::size_t i = 0; i < batch.size(); ++i) {
-    const double w = cost.work(batch.lengths[i], batch.mask(i));
-    wmin = wmin < 0 ? w : std::min(wmin, w);
-  }
-  const double pp = options.pp;
-  const double per_gpu = t.average / pp;
-  const double fill = (pp - 1) * (cost.group_overhead + wmin / cluster.num_ranks) / (3 * pp);
-  const double wide = t.wide_work > 0 ? (t.wide_work / cluster.num_ranks + cost.group_overhead) / pp : 0.0;
-  return std::max({t.single, wide, per_gpu + fill});
+  return solve::lower_bound(batch, cluster, cost, options.pp, options.vpp);
 }
 
 Predicted predict(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,

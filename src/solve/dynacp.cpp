@@ -8,7 +8,9 @@
 //      per-rank groups of at most the token capacity (a new group pays the fixed overhead c);
 //   3. a local search moves and swaps sequences between the slowest and the fastest ranks.
 // tau is scanned over a geometric grid between the lower bound and the slowest single-rank sequence, then
-// refined around the best. The other strategies' plans are candidates too, so dynacp is never worse.
+// refined around the best. With pipelines (pp > 1) dynacp adds slotted plans and per-rank microbatch lists built
+// against the 1F1B estimate (S + (pp - 1) M) / pp (Builder::pipelined), every one scored by the pipeline simulator.
+// The other strategies' plans are candidates too, so dynacp is never worse. See docs/strategies.md.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -347,6 +349,251 @@ class Builder {
     return tl.to_plan();
   }
 
+  /// A pipelined plan with per-rank microbatch lists for microbatch target `mu`. Under 1F1B a rank whose
+  /// microbatches take S seconds in all (all stages, forward and backward) and M at most finishes after about
+  /// (S + (pp - 1) M) / pp (exact for equal microbatches; docs/strategies.md), so:
+  ///   1. ring sequences (dmin > 1 or slower than mu on one rank) take the smallest degree that reaches mu (their
+  ///      fastest degree if none does) and go, largest area first, onto the node-contiguous ranks with the least
+  ///      estimate so far; every rank runs its rings first, in placement order;
+  ///   2. the other sequences, longest work first, go to the rank with the least estimate, into its open
+  ///      microbatch while that stays within mu and the token capacity, else into a new one;
+  ///   3. a local search moves single sequences from the rank with the largest estimate to the smallest.
+  /// Each rank runs its rings, then its microbatches largest first (the smallest drains the pipeline last).
+  /// With `count` > 0 every rank is then brought to `count` microbatches where the data allows (split the
+  /// heaviest multi-sequence microbatch, or merge the two lightest that fit together).
+  /// `target` > 0: ring sequences that cannot reach mu take the smallest degree within target x their fastest time;
+  /// `target` < 0: within -target seconds.
+  /// `order`: 0 the rank's own microbatches heaviest first after its rings; 1 in pyramid order; 2 pyramid order
+  /// with the lightest one before the rings.
+  Plan pipelined(double target, double mu, int pp, int count, int order = 0) const {
+    const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
+    const double c = cost_.group_overhead;
+    std::vector<std::size_t> shorts;
+    std::vector<Ring> rings;
+    classify(order_, mu, 0, shorts, rings);
+    for (auto& ring : rings)
+      if (ring.t > mu) {  // mu is out of reach: the smallest degree within `target` x its fastest time
+        ring.d = degree_for(seqs_[ring.seq], target < 0 ? -target : target * ring.t);
+        ring.t = time1(seqs_[ring.seq], ring.d);
+      }
+    std::stable_sort(rings.begin(), rings.end(), [](const Ring& a, const Ring& b) { return a.t * a.d > b.t * b.d; });
+    std::vector<double> S(static_cast<std::size_t>(P), 0.0), M(static_cast<std::size_t>(P), 0.0);
+    auto est = [&](std::size_t r) { return (S[r] + (pp - 1) * M[r]) / pp; };
+    std::vector<double> key(static_cast<std::size_t>(P), 0.0);
+    struct Placed {
+      std::vector<int> ranks;
+      std::int64_t id;
+      int round;  // its index in the microbatch list of every rank it runs on
+    };
+    std::vector<Placed> ring_groups;
+    std::vector<int> rings_on(static_cast<std::size_t>(P), 0);
+    if (!rings.empty()) {
+      NodePicker picker(P, rpn);
+      for (const auto& ring : rings) {
+        auto ranks = picker.pick(ring.d, key);
+        int round = 0;
+        for (int r : ranks) round = std::max(round, rings_on[static_cast<std::size_t>(r)]);
+        for (int r : ranks) {
+          const auto u = static_cast<std::size_t>(r);
+          S[u] += ring.t, M[u] = std::max(M[u], ring.t), key[u] = est(u);
+          rings_on[u] = round + 1;
+        }
+        for (int node = ranks.front() / rpn; node <= ranks.back() / rpn; ++node) picker.update(node, key);
+        ring_groups.push_back({std::move(ranks), seqs_[ring.seq].id, round});
+      }
+    }
+    std::vector<std::vector<Bin>> bins(static_cast<std::size_t>(P));
+    auto bin_time = [&](const Bin& b) { return b.seqs.empty() ? 0.0 : b.work + c; };
+    auto refresh = [&](std::size_t r, double ring_s, double ring_m) {
+      S[r] = ring_s, M[r] = ring_m;
+      for (const auto& b : bins[r]) S[r] += bin_time(b), M[r] = std::max(M[r], bin_time(b));
+    };
+    const std::vector<double> ring_s = S, ring_m = M;
+    using Item = std::pair<double, int>;
+    std::priority_queue<Item, std::vector<Item>, std::greater<>> heap;
+    for (int r = 0; r < P; ++r) heap.push({est(static_cast<std::size_t>(r)), r});
+    for (std::size_t i : shorts) {
+      const Seq& q = seqs_[i];
+      const auto r = static_cast<std::size_t>(heap.top().second);
+      heap.pop();
+      auto& rb = bins[r];
+      if (rb.empty() || rb.back().tokens + q.len > cap_ || bin_time(rb.back()) + q.work > mu) rb.emplace_back();
+      rb.back().seqs.push_back(i), rb.back().tokens += q.len, rb.back().work += q.work;
+      refresh(r, ring_s[r], ring_m[r]);
+      heap.push({est(r), static_cast<int>(r)});
+    }
+    // local search: move one sequence from the rank with the largest estimate to the rank with the smallest
+    for (int round = 0; round < P; ++round) {
+      std::size_t hi = 0, lo = 0;
+      for (std::size_t r = 1; r < S.size(); ++r) {
+        if (est(r) > est(hi)) hi = r;
+        if (est(r) < est(lo)) lo = r;
+      }
+      const double cur = est(hi);
+      bool moved = false;
+      for (std::size_t bi = 0; bi < bins[hi].size() && !moved; ++bi)
+        for (std::size_t k = 0; k < bins[hi][bi].seqs.size() && !moved; ++k) {
+          const Seq& q = seqs_[bins[hi][bi].seqs[k]];
+          // try the receiver's microbatch with the most room, else a new one
+          auto& lb = bins[lo];
+          std::size_t into = lb.size();
+          for (std::size_t j = 0; j < lb.size(); ++j)
+            if (lb[j].tokens + q.len <= cap_ && bin_time(lb[j]) + q.work <= mu &&
+                (into == lb.size() || lb[j].work < lb[into].work))
+              into = j;
+          // the estimates after the move, without performing it
+          const double old_bt = bin_time(bins[hi][bi]);
+          const double new_bt = bins[hi][bi].seqs.size() == 1 ? 0.0 : old_bt - q.work;
+          double m_hi = std::max(ring_m[hi], new_bt);
+          for (std::size_t j = 0; j < bins[hi].size(); ++j)
+            if (j != bi) m_hi = std::max(m_hi, bin_time(bins[hi][j]));
+          const double s_hi = S[hi] - old_bt + new_bt;
+          const bool fresh = into == lb.size();
+          const double into_bt = (fresh ? c : bin_time(lb[into])) + q.work;
+          const double s_lo = S[lo] + q.work + (fresh ? c : 0.0);
+          const double m_lo = std::max(M[lo], into_bt);
+          if (std::max(s_hi + (pp - 1) * m_hi, s_lo + (pp - 1) * m_lo) / pp < cur - 1e-12) {
+            if (fresh) lb.emplace_back();
+            move_item(bins[hi][bi], k, lb[into]);
+            refresh(hi, ring_s[hi], ring_m[hi]);
+            refresh(lo, ring_s[lo], ring_m[lo]);
+            moved = true;
+          }
+        }
+      if (!moved) break;
+      std::erase_if(bins[hi], [](const Bin& b) { return b.seqs.empty(); });
+    }
+    if (count > 0) equalize_counts(bins, rings_on, count);
+    // Emission in rounds: round k holds the rings placed in it, and every other rank runs one of its own
+    // microbatches (largest first) there, so a ring sits at the same list index on all its ranks (no 1F1B
+    // position mismatch between the ranks of a group). The remaining microbatches follow, largest first.
+    // a rank needs one microbatch of its own for every round before its last ring in which it runs no ring
+    std::vector<int> need(static_cast<std::size_t>(P), 0), last_round(static_cast<std::size_t>(P), -1);
+    {
+      auto& last = last_round;
+      for (const auto& g : ring_groups)
+        for (int r : g.ranks) last[static_cast<std::size_t>(r)] = std::max(last[static_cast<std::size_t>(r)], g.round);
+      for (int r = 0; r < P; ++r) need[static_cast<std::size_t>(r)] = last[static_cast<std::size_t>(r)] + 1;
+      for (const auto& g : ring_groups)
+        for (int r : g.ranks) --need[static_cast<std::size_t>(r)];
+      for (int r = 0; r < P; ++r) {
+        auto& rb = bins[static_cast<std::size_t>(r)];
+        while (static_cast<int>(rb.size()) < need[static_cast<std::size_t>(r)]) {
+          // split off the lightest sequence of a multi-sequence microbatch: this rank's own, else anyone's
+          int from = -1;
+          std::size_t fb = 0, fk = 0;
+          for (int pass = 0; pass < 2 && from < 0; ++pass)
+            for (int o = pass ? 0 : r; o < (pass ? P : r + 1); ++o)
+              for (std::size_t j = 0; j < bins[static_cast<std::size_t>(o)].size(); ++j) {
+                const Bin& b = bins[static_cast<std::size_t>(o)][j];
+                if (b.seqs.size() < 2) continue;
+                for (std::size_t k = 0; k < b.seqs.size(); ++k)
+                  if (from < 0 || seqs_[b.seqs[k]].work < seqs_[bins[static_cast<std::size_t>(from)][fb].seqs[fk]].work)
+                    from = o, fb = j, fk = k;
+              }
+          if (from < 0) break;
+          Bin fresh;
+          move_item(bins[static_cast<std::size_t>(from)][fb], fk, fresh);
+          rb.push_back(std::move(fresh));
+        }
+      }
+    }
+    // Per-rank lists: a ring of round k sits at index k (+1 when every ring rank has a spare microbatch to run
+    // first), the same on all its ranks, so no two ranks of a group reach it at different 1F1B positions. The
+    // rank's own microbatches fill the other indices in pyramid order - lightest first and last, heaviest in the
+    // middle - which shortens the pipeline fill and drain (docs/strategies.md).
+    bool lead = order == 2 && !ring_groups.empty();
+    for (int r = 0; r < P && lead; ++r)
+      if (last_round[static_cast<std::size_t>(r)] >= 0 &&
+          static_cast<int>(bins[static_cast<std::size_t>(r)].size()) <= need[static_cast<std::size_t>(r)])
+        lead = false;
+    std::vector<std::vector<std::pair<int, std::size_t>>> lists(static_cast<std::size_t>(P));  // (kind, index)
+    for (std::size_t g = 0; g < ring_groups.size(); ++g)
+      for (int r : ring_groups[g].ranks) {
+        auto& l = lists[static_cast<std::size_t>(r)];
+        const auto at = static_cast<std::size_t>(ring_groups[g].round + (lead ? 1 : 0));
+        if (l.size() <= at) l.resize(at + 1, {-1, 0});
+        l[at] = {1, g};
+      }
+    for (int r = 0; r < P; ++r) {
+      auto& rb = bins[static_cast<std::size_t>(r)];
+      std::vector<std::size_t> by_work(rb.size());
+      std::iota(by_work.begin(), by_work.end(), std::size_t{0});
+      std::stable_sort(by_work.begin(), by_work.end(),
+                       [&](std::size_t x, std::size_t y) { return rb[x].work < rb[y].work; });
+      std::vector<std::size_t> pyramid(rb.size());
+      std::size_t lo = 0, hi = rb.size();
+      if (order == 0)
+        std::reverse_copy(by_work.begin(), by_work.end(), pyramid.begin());
+      else
+        for (std::size_t i = 0; i < by_work.size(); ++i) pyramid[i % 2 == 0 ? lo++ : --hi] = by_work[i];
+      auto& l = lists[static_cast<std::size_t>(r)];
+      std::size_t k = 0;
+      for (auto& slot : l)
+        if (slot.first < 0 && k < pyramid.size()) slot = {0, pyramid[k++]};
+      while (k < pyramid.size()) l.push_back({0, pyramid[k++]});
+    }
+    TimelineBuilder tl(batch_, cluster_, cost_);
+    std::size_t longest = 0;
+    for (const auto& l : lists) longest = std::max(longest, l.size());
+    for (std::size_t at = 0; at < longest; ++at) {
+      for (int r = 0; r < P; ++r) {
+        const auto& l = lists[static_cast<std::size_t>(r)];
+        if (at >= l.size()) continue;
+        const auto [kind, index] = l[at];
+        if (kind == 0) {
+          std::vector<std::int64_t> ids;
+          for (std::size_t i : bins[static_cast<std::size_t>(r)][index].seqs) ids.push_back(seqs_[i].id);
+          tl.add({r}, std::move(ids));
+        } else if (kind == 1 && ring_groups[index].ranks.front() == r) {
+          tl.add(ring_groups[index].ranks, {ring_groups[index].id});
+        }
+      }
+    }
+    return tl.to_plan();
+  }
+
+  /// Brings every rank's microbatch count (its rings plus its bins) towards `count`: splits the heaviest bin with
+  /// two or more sequences (two-way LPT) while below, merges the two lightest bins that fit one rank while above.
+  void equalize_counts(std::vector<std::vector<Bin>>& bins, const std::vector<int>& rings_on, int count) const {
+    for (std::size_t r = 0; r < bins.size(); ++r) {
+      auto& rb = bins[r];
+      auto n = [&] { return static_cast<int>(rb.size()) + rings_on[r]; };
+      while (n() < count) {
+        std::size_t heavy = rb.size();
+        for (std::size_t j = 0; j < rb.size(); ++j)
+          if (rb[j].seqs.size() >= 2 && (heavy == rb.size() || rb[j].work > rb[heavy].work)) heavy = j;
+        if (heavy == rb.size()) break;
+        Bin all = std::move(rb[heavy]);
+        std::vector<std::size_t> ids = all.seqs;
+        std::stable_sort(ids.begin(), ids.end(), [&](std::size_t x, std::size_t y) {
+          return seqs_[x].work != seqs_[y].work ? seqs_[x].work > seqs_[y].work : x < y;
+        });
+        Bin a, b;
+        for (std::size_t i : ids) {
+          Bin& to = a.work <= b.work ? a : b;
+          to.seqs.push_back(i), to.tokens += seqs_[i].len, to.work += seqs_[i].work;
+        }
+        rb[heavy] = std::move(a);
+        rb.push_back(std::move(b));
+      }
+      while (n() > count && rb.size() >= 2) {
+        std::stable_sort(rb.begin(), rb.end(), [](const Bin& a, const Bin& b) { return a.work < b.work; });
+        std::size_t x = rb.size(), y = rb.size();
+        for (std::size_t i = 0; i < rb.size() && x == rb.size(); ++i)
+          for (std::size_t j = i + 1; j < rb.size(); ++j)
+            if (rb[i].tokens + rb[j].tokens <= cap_) {
+              x = i, y = j;
+              break;
+            }
+        if (x == rb.size()) break;
+        for (std::size_t i : rb[y].seqs) rb[x].seqs.push_back(i);
+        rb[x].tokens += rb[y].tokens, rb[x].work += rb[y].work;
+        rb.erase(rb.begin() + static_cast<std::ptrdiff_t>(y));
+      }
+    }
+  }
+
   /// Builds the plan for target tau; returns its makespan and, if `out` is given, the plan.
   /// Ring placement orders tried: largest area (T d) first, longest first, widest first.
   static constexpr int kRingOrders = 3;
@@ -622,6 +869,52 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     }
     for (int m : grid)
       for (double edge : {1.0, 0.3}) candidates.push_back(b.slotted(m, edge));
+    // Per-rank microbatch lists for a geometric grid of microbatch targets below the pipelined lower bound.
+    const double lb_pp = std::max(lower_bound(batch, cluster, cost, options.pp, options.vpp), 1e-12);
+    const bool fixed_counts = options.count_policy == CountPolicy::Equal || options.vpp > 1;
+    constexpr int kMuGrid = 8;
+    std::vector<double> targets;
+    for (double f : {1.0, 1.05, 1.12, 1.25}) targets.push_back(f), targets.push_back(-f * lb_pp);
+    struct Trial {
+      double score, target, mu;
+    };
+    std::vector<Trial> trials;
+    // Only the best plan that meets the count policy goes on to best_of (each is scored once here).
+    std::optional<Plan> best_pipe;
+    double best_pipe_t = std::numeric_limits<double>::infinity();
+    auto keep = [&](Plan p, double t) {
+      if (t < best_pipe_t && counts_ok(p, cluster.num_ranks, options)) best_pipe = std::move(p), best_pipe_t = t;
+    };
+    auto add = [&](double target, double mu, int order) {
+      Plan p = b.pipelined(target, mu, options.pp, 0, order);
+      if (fixed_counts) {
+        const int step = options.vpp > 1 ? options.pp : 1;
+        std::vector<int> n(static_cast<std::size_t>(cluster.num_ranks), 0);
+        for (const auto& slot : p.microbatches)
+          for (const auto& g : slot)
+            for (int r : g.ranks) ++n[static_cast<std::size_t>(r)];
+        std::sort(n.begin(), n.end());
+        std::set<int> counts;
+        for (int t : {n[n.size() / 2], n.back()}) counts.insert((t + step - 1) / step * step);
+        for (int t : counts) {
+          Plan q = b.pipelined(target, mu, options.pp, t, order);
+          if (counts_ok(q, cluster.num_ranks, options)) {
+            const double tq = score(q, batch, cluster, cost, options);
+            keep(std::move(q), tq);
+          }
+        }
+      }
+      const double t = score(p, batch, cluster, cost, options);
+      if (order == 0) trials.push_back({t, target, mu});
+      keep(std::move(p), t);
+    };
+    for (double target : targets)
+      for (int k = 0; k < kMuGrid; ++k) add(target, lb_pp * std::pow(0.03, static_cast<double>(k) / (kMuGrid - 1)), 0);
+    // the best few again with pyramid orders
+    std::stable_sort(trials.begin(), trials.end(), [](const Trial& x, const Trial& y) { return x.score < y.score; });
+    for (std::size_t i = 0; i < std::min<std::size_t>(trials.size(), 4); ++i)
+      for (int order : {1, 2}) add(trials[i].target, trials[i].mu, order);
+    if (best_pipe) candidates.push_back(std::move(*best_pipe));
   }
   for (const auto& s : strategies())
     if (std::string(s.name) != "dynacp") candidates.push_back(s.fn(batch, cluster, cost, options));

@@ -38,6 +38,27 @@ double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& 
   return std::max({t.average, t.single, t.wide});
 }
 
+double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, int vpp) {
+  const auto t = lower_bound_terms(batch, cluster, cost);
+  if (pp <= 1) return std::max({t.average, t.single, t.wide});
+  // A microbatch crosses all stages forward and back, so the hardest sequence still takes its whole time.
+  // Every microbatch takes t >= c + w_min / P (a group's time is at least its per-rank work plus c), and one
+  // stage-chunk of it t / (3 pp vpp) forward and 2 t / (3 pp vpp) backward. On a rank whose microbatches take S
+  // in all, the last stage idles until the first forward has crossed the pp - 1 stages before it, runs S / pp,
+  // and after its last op (a backward) that backward still crosses pp - 1 stages: T >= (S + (pp - 1) t_min / vpp)
+  // / pp. The ranks in use U have sum S >= sum work + c |U|, so T >= (sum work / P + c) / pp + (pp - 1) t_min /
+  // (pp vpp). Wide sequences may overlap at different stages, so they only add their per-GPU share.
+  double wmin = -1.0;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const double w = cost.work(batch.lengths[i], batch.mask(i));
+    wmin = wmin < 0 ? w : std::min(wmin, w);
+  }
+  const double P = cluster.num_ranks, n = pp, v = std::max(vpp, 1);
+  const double average = t.average / n + (n - 1) * (cost.group_overhead + wmin / P) / (n * v);
+  const double wide = t.wide_work > 0 ? (t.wide_work / P + cost.group_overhead) / n : 0.0;
+  return std::max({t.single, wide, average});
+}
+
 LowerBoundTerms lower_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost) {
   // single: the best time of the hardest sequence alone grows with length for a given mask, so only the longest
   //         sequence of each mask kind is tried.

@@ -279,3 +279,31 @@ TEST(Strategies, DynacpNeverSlowerThanAnyOtherAndHonoursEqualCounts) {
     }
   }
 }
+
+TEST(LowerBound, PipelinedHandChecked) {
+  // One rank (one pipeline of pp stages) and n equal sequences of work w: every microbatch takes at least w + c,
+  // so T >= max(w + c, (n w + c) / pp + (pp - 1)(c + w) / (pp vpp)).
+  CostModel cost;
+  const Cluster one = make_cluster(1, 1, 4096, cost);
+  const double w = cost.work(1000, Mask::Causal), c = cost.group_overhead;
+  Batch single;
+  single.lengths = {1000};
+  PlanOptions o;
+  o.pp = 4;
+  EXPECT_NEAR(lower_bound(single, one, cost, o), w + c, 1e-15);
+  // a single microbatch crosses the pipeline forward and back: the plan reaches the bound exactly
+  o.strategy = "dynacp";
+  EXPECT_NEAR(plan(single, one, cost, o).predicted.step_time, w + c, 1e-12);
+  Batch six;
+  six.lengths = std::vector<std::int64_t>(6, 1000);
+  EXPECT_NEAR(lower_bound(six, one, cost, o), (6 * w + c) / 4 + 3 * (c + w) / 4, 1e-15);
+  // one microbatch per sequence, uniform 1F1B, takes (m + pp - 1)(w + c) / pp; dynacp finds it or better
+  const double step = plan(six, one, cost, o).predicted.step_time;
+  EXPECT_LE(step, 9 * (w + c) / 4 + 1e-12);
+  EXPECT_GE(step, lower_bound(six, one, cost, o));
+  o.vpp = 2;
+  EXPECT_NEAR(lower_bound(six, one, cost, o), std::max(w + c, (6 * w + c) / 4 + 3 * (c + w) / 8), 1e-15);
+  o.vpp = 1;
+  o.pp = 1;
+  EXPECT_NEAR(lower_bound(six, one, cost, o), 6 * w + c, 1e-15);
+}

@@ -15,6 +15,11 @@ Predicted evaluate(const Plan& plan, const Batch& batch, const Cluster& cluster,
 /// No plan can be faster under `cost`.
 double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost);
 
+/// The lower bound with pipelines of `pp` stages and `vpp` virtual chunks (1F1B, interleaved when vpp > 1):
+/// max(single, wide / pp, (sum work / P + c) / pp + (pp - 1)(c + w_min / P) / (pp vpp)); equals lower_bound() for
+/// pp = 1. See docs/cost_model.md for the proof.
+double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, int vpp = 1);
+
 struct LowerBoundTerms {
   double average = 0.0;    ///< sum of work / P + c (every rank in use pays one group overhead)
   double single = 0.0;     ///< best time of the hardest sequence alone
