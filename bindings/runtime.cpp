@@ -1,4 +1,5 @@
-// Thin bindings for the CPU runtime: layouts, ring attention over a host-callback communicator, packing codec.
+// Thin bindings for the runtime: layouts, the ring executor over a host-callback communicator with the CPU ring
+// device (the CUDA device is in cuda.cpp, module dynacp._cuda), packing codec.
 #include <chrono>
 
 #include "common.hpp"
@@ -7,6 +8,7 @@
 #include "dynacp/runtime/codec.hpp"
 #include "dynacp/runtime/comm.hpp"
 #include "dynacp/runtime/layout.hpp"
+#include "dynacp/runtime/ring.hpp"
 
 namespace dynacp::py {
 namespace rt = dynacp::runtime;
@@ -26,54 +28,20 @@ std::vector<std::uint8_t> causal_flags(const py::handle& causal, int num_seqs) {
   return {flags.begin(), flags.end()};
 }
 
-template <class T>
-using Arr = py::array_t<T, py::array::c_style>;
-
-template <class T>
-rt::AttnShape shape_of(const Arr<T>& q, const Arr<T>& k, const Arr<T>& v) {
-  if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3) invalid("q, k, v must be [tokens, heads, dim] arrays");
-  if (k.shape(0) != q.shape(0) || v.shape(0) != q.shape(0) || k.shape(1) != v.shape(1) || k.shape(2) != q.shape(2) ||
-      v.shape(2) != q.shape(2))
-    invalid("q [T,H,D], k and v [T,Hkv,D] shapes disagree");
-  rt::AttnShape s{q.shape(0), static_cast<int>(q.shape(1)), static_cast<int>(k.shape(1)), static_cast<int>(q.shape(2))};
+rt::AttnShape shape_from(const py::sequence& shape) {
+  if (py::len(shape) != 4) invalid("shape must be (tokens, heads, kv_heads, dim)");
+  rt::AttnShape s{shape[0].cast<std::int64_t>(), shape[1].cast<int>(), shape[2].cast<int>(), shape[3].cast<int>()};
   s.validate();
   return s;
 }
 
-template <class T>
-py::tuple forward(rt::Comm& comm, const rt::ZigzagLayout& layout, const rt::RingOptions& o, const py::array& qa,
-                  const py::array& ka, const py::array& va) {
-  const auto q = Arr<T>::ensure(qa), k = Arr<T>::ensure(ka), v = Arr<T>::ensure(va);
-  const auto s = shape_of<T>(q, k, v);
-  Arr<T> out({q.shape(0), q.shape(1), q.shape(2)}), lse({q.shape(0), q.shape(1)});
-  rt::ring_attention_forward<T>(comm, layout, s, q.data(), k.data(), v.data(), o, out.mutable_data(),
-                                lse.mutable_data());
-  return py::make_tuple(out, lse);
+/// The loop asks for its workspace once; `alloc(nbytes)` returns the address of device memory it keeps alive.
+rt::WorkspaceFn workspace_from(const py::function& alloc) {
+  return [alloc](std::size_t bytes) { return reinterpret_cast<void*>(alloc(bytes).cast<std::uintptr_t>()); };
 }
 
-template <class T>
-py::tuple backward(rt::Comm& comm, const rt::ZigzagLayout& layout, const rt::RingOptions& o, const py::array& qa,
-                   const py::array& ka, const py::array& va, const py::array& outa, const py::array& lsea,
-                   const py::array& douta) {
-  const auto q = Arr<T>::ensure(qa), k = Arr<T>::ensure(ka), v = Arr<T>::ensure(va);
-  const auto out = Arr<T>::ensure(outa), lse = Arr<T>::ensure(lsea), dout = Arr<T>::ensure(douta);
-  const auto s = shape_of<T>(q, k, v);
-  if (out.size() != q.size() || dout.size() != q.size() || lse.size() != q.shape(0) * q.shape(1))
-    invalid("out and dout must match q, lse must be [tokens, heads]");
-  Arr<T> dq({q.shape(0), q.shape(1), q.shape(2)}), dk({k.shape(0), k.shape(1), k.shape(2)}),
-      dv({k.shape(0), k.shape(1), k.shape(2)});
-  rt::ring_attention_backward<T>(comm, layout, s, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), o,
-                                 dq.mutable_data(), dk.mutable_data(), dv.mutable_data());
-  return py::make_tuple(dq, dk, dv);
-}
-
-/// Dispatches on q's dtype (float32 or float64); the other arrays are converted to it.
-template <class F32, class F64>
-py::tuple dispatch(const py::array& q, F32 f32, F64 f64) {
-  if (q.dtype().is(py::dtype::of<float>())) return f32();
-  if (q.dtype().is(py::dtype::of<double>())) return f64();
-  invalid("CPU ring attention supports float32 and float64, got ", std::string(py::str(q.dtype())));
-}
+const void* ptr(std::uintptr_t p) { return reinterpret_cast<const void*>(p); }
+void* mut(std::uintptr_t p) { return reinterpret_cast<void*>(p); }
 
 rt::RingOptions options(const rt::ZigzagLayout& layout, const py::handle& causal, double scale) {
   rt::RingOptions o;
@@ -114,21 +82,19 @@ void bind_runtime(py::module_& m) {
   m.def(
       "make_callback_comm",
       [](int rank, int size, double timeout_s, py::function exchange) {
-        // Called with the GIL held (from the ring running on the Python thread): hands Python zero-copy uint8 views.
+        // Called with the GIL held (from the ring running on the Python thread). Buffers are device memory (host
+        // memory for the CPU), so Python gets addresses; dynacp.torch maps them back to slices of its workspace.
         auto fn = [exchange](std::span<const rt::P2POp> ops, std::string_view what, rt::Millis timeout) {
           py::list items;
-          for (const auto& op : ops) {
-            py::capsule owner(op.data, [](void*) {});
-            py::array_t<std::uint8_t> view({static_cast<py::ssize_t>(op.bytes)}, {1},
-                                           static_cast<std::uint8_t*>(op.data), owner);
-            items.append(py::make_tuple(op.kind == rt::P2POp::Kind::kSend ? "send" : "recv", op.peer, view));
-          }
+          for (const auto& op : ops)
+            items.append(py::make_tuple(op.kind == rt::P2POp::Kind::kSend ? "send" : "recv", op.peer,
+                                        reinterpret_cast<std::uintptr_t>(op.data), op.bytes));
           exchange(items, std::string(what), timeout.count() / 1000.0);
         };
         return rt::make_callback_comm(rank, size, rt::Millis(static_cast<std::int64_t>(timeout_s * 1000)), fn);
       },
       py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("exchange"),
-      "Communicator whose grouped P2P calls exchange(ops, what, timeout_s); ops are (kind, peer, uint8 view).");
+      "Communicator whose grouped P2P calls exchange(ops, what, timeout_s); ops are (kind, peer, address, nbytes).");
 
   m.def(
       "zigzag_layout",
@@ -147,33 +113,48 @@ void bind_runtime(py::module_& m) {
       py::arg("cu_seqlens"), py::arg("cp"), py::arg("rank"), py::arg("cu_seqlens_padded") = py::none(),
       "Global token row of each local row of `rank` (-1 for padding).");
 
+  py::class_<rt::RingDevice>(m, "RingDevice",
+                             "The per-device half of the ring executor (runtime/ring.hpp): element sizes and kernels.")
+      .def_property_readonly("input_bytes", &rt::RingDevice::input_bytes)
+      .def_property_readonly("acc_bytes", &rt::RingDevice::acc_bytes);
   m.def(
-      "ring_attention_forward",
-      [](rt::Comm& comm, const py::array& q, const py::array& k, const py::array& v, const py::handle& cu,
-         const py::handle& cu_padded, const py::handle& causal, double scale) {
-        const auto layout = layout_from(cu, comm.size(), cu_padded);
-        const auto o = options(layout, causal, scale);
-        return dispatch(
-            q, [&] { return forward<float>(comm, layout, o, q, k, v); },
-            [&] { return forward<double>(comm, layout, o, q, k, v); });
+      "cpu_ring_device",
+      [](const std::string& dtype) -> std::unique_ptr<rt::RingDevice> {
+        if (dtype == "float32") return std::make_unique<rt::CpuRingDevice<float>>();
+        if (dtype == "float64") return std::make_unique<rt::CpuRingDevice<double>>();
+        invalid("CPU ring attention supports float32 and float64, got '", dtype, "'");
       },
-      py::arg("comm"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens"),
-      py::arg("cu_seqlens_padded") = py::none(), py::arg("causal") = true, py::arg("scale") = 0.0,
-      "Zigzag ring attention forward on this rank's shard; returns (out [T,H,D], lse [T,H]).");
+      py::arg("dtype"), "The CPU ring device (Eigen kernels; input and accumulation type = dtype).");
+
+  // The ring loop over any RingDevice. Tensors are passed as addresses of contiguous device memory with the
+  // documented shapes (dynacp.torch checks them); shape = (tokens, heads, kv_heads, dim).
   m.def(
-      "ring_attention_backward",
-      [](rt::Comm& comm, const py::array& q, const py::array& k, const py::array& v, const py::array& out,
-         const py::array& lse, const py::array& dout, const py::handle& cu, const py::handle& cu_padded,
-         const py::handle& causal, double scale) {
+      "ring_forward",
+      [](rt::Comm& comm, rt::RingDevice& device, const py::sequence& shape, std::uintptr_t q, std::uintptr_t k,
+         std::uintptr_t v, std::uintptr_t out, std::uintptr_t lse, const py::handle& cu, const py::handle& cu_padded,
+         const py::handle& causal, double scale, const py::function& alloc) {
         const auto layout = layout_from(cu, comm.size(), cu_padded);
-        const auto o = options(layout, causal, scale);
-        return dispatch(
-            q, [&] { return backward<float>(comm, layout, o, q, k, v, out, lse, dout); },
-            [&] { return backward<double>(comm, layout, o, q, k, v, out, lse, dout); });
+        rt::ring_forward(comm, device, layout, shape_from(shape), options(layout, causal, scale), ptr(q), ptr(k),
+                         ptr(v), mut(out), mut(lse), workspace_from(alloc));
       },
-      py::arg("comm"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("dout"),
-      py::arg("cu_seqlens"), py::arg("cu_seqlens_padded") = py::none(), py::arg("causal") = true,
-      py::arg("scale") = 0.0, "Ring attention backward from the saved out and lse; returns (dq, dk, dv).");
+      py::arg("comm"), py::arg("device"), py::arg("shape"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
+      py::arg("lse"), py::arg("cu_seqlens"), py::arg("cu_seqlens_padded"), py::arg("causal"), py::arg("scale"),
+      py::arg("workspace"),
+      "Zigzag ring attention forward on this rank's shard: writes out [T,H,D] and lse [T,H] (accumulation type).");
+  m.def(
+      "ring_backward",
+      [](rt::Comm& comm, rt::RingDevice& device, const py::sequence& shape, std::uintptr_t q, std::uintptr_t k,
+         std::uintptr_t v, std::uintptr_t out, std::uintptr_t lse, std::uintptr_t dout, std::uintptr_t dq,
+         std::uintptr_t dk, std::uintptr_t dv, const py::handle& cu, const py::handle& cu_padded,
+         const py::handle& causal, double scale, const py::function& alloc) {
+        const auto layout = layout_from(cu, comm.size(), cu_padded);
+        rt::ring_backward(comm, device, layout, shape_from(shape), options(layout, causal, scale), ptr(q), ptr(k),
+                          ptr(v), ptr(out), ptr(lse), ptr(dout), mut(dq), mut(dk), mut(dv), workspace_from(alloc));
+      },
+      py::arg("comm"), py::arg("device"), py::arg("shape"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
+      py::arg("lse"), py::arg("dout"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("cu_seqlens"),
+      py::arg("cu_seqlens_padded"), py::arg("causal"), py::arg("scale"), py::arg("workspace"),
+      "Ring attention backward from the saved out and lse: writes dq, dk, dv (accumulation type).");
 
   m.attr("PACKING_VERSION") = rt::kPackingVersion;
   m.attr("PACKING_HEADER_SIZE") = rt::kPackingHeaderSize;

@@ -1,19 +1,14 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <limits>
 
 #include "dynacp/model/error.hpp"
 #include "dynacp/runtime/attention.hpp"
 
 namespace dynacp::runtime {
-
-void AttnShape::validate() const {
-  if (tokens < 0 || heads < 1 || kv_heads < 1 || dim < 1)
-    invalid("attention shape needs tokens >= 0 and positive heads, kv_heads, dim; got tokens=", tokens,
-            " heads=", heads, " kv_heads=", kv_heads, " dim=", dim);
-  if (heads % kv_heads != 0) invalid("kv_heads (", kv_heads, ") must divide heads (", heads, ") for GQA");
-}
 
 namespace {
 
@@ -40,8 +35,6 @@ Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic> visibility(const BlockDesc& 
     for (std::int64_t j = 0; j < m.cols(); ++j) m(i, j) = d.visible(d.q_lo + i, d.k_lo + j);
   return m;
 }
-
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 }  // namespace
 
@@ -118,89 +111,73 @@ void block_backward_cpu(const AttnShape& shape, const T* q, const T* k, const T*
   }
 }
 
-namespace {
-
-void check_ring_args(const Comm& comm, const ZigzagLayout& layout, const AttnShape& shape) {
-  shape.validate();
-  if (comm.size() != layout.cp)
-    invalid("ring attention: the communicator has ", comm.size(), " ranks but the layout is for cp = ", layout.cp);
-  if (shape.tokens != layout.local_tokens())
-    invalid("ring attention: the shard has ", shape.tokens, " rows but the layout gives each rank ",
-            layout.local_tokens(), " (cu_seqlens_padded.back() / cp); shard with zigzag_rows()");
+template <class T>
+void CpuRingDevice<T>::copy(void* dst, const void* src, std::size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
 }
 
 template <class T>
-T softmax_scale(const RingOptions& o, const AttnShape& s) {
-  return static_cast<T>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(s.dim)));
+void CpuRingDevice<T>::fill(void* acc, std::size_t count, double value) {
+  std::fill_n(static_cast<T*>(acc), count, static_cast<T>(value));
 }
 
+template <class T>
+void CpuRingDevice<T>::forward(const AttnShape& shape, const StepBlocks& blocks, const void* q, const void* k,
+                               const void* v, double scale, void* out, void* lse) {
+  block_forward_cpu<T>(shape, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), blocks.host,
+                       static_cast<T>(scale), static_cast<T*>(out), static_cast<T*>(lse));
+}
+
+template <class T>
+void CpuRingDevice<T>::row_dot(const void* dout, const void* out, std::int64_t rows, int dim, void* drow) {
+  const T *d = static_cast<const T*>(dout), *o = static_cast<const T*>(out);
+  T* r = static_cast<T*>(drow);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    T acc = 0;
+    for (int e = 0; e < dim; ++e) acc += d[i * dim + e] * o[i * dim + e];
+    r[i] = acc;
+  }
+}
+
+template <class T>
+void CpuRingDevice<T>::backward(const AttnShape& shape, const StepBlocks& blocks, const void* q, const void* k,
+                                const void* v, const void* dout, const void* lse, const void* drow, double scale,
+                                void* dq, void* dk, void* dv) {
+  block_backward_cpu<T>(shape, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                        static_cast<const T*>(dout), static_cast<const T*>(lse), static_cast<const T*>(drow),
+                        blocks.host, static_cast<T>(scale), static_cast<T*>(dq), static_cast<T*>(dk),
+                        static_cast<T*>(dv));
+}
+
+namespace {
+/// Host workspace for the CPU convenience wrappers.
+WorkspaceFn host_workspace(std::vector<std::byte>& buffer) {
+  return [&buffer](std::size_t bytes) -> void* {
+    buffer.resize(bytes);
+    return buffer.data();
+  };
+}
 }  // namespace
 
 template <class T>
 void ring_attention_forward(Comm& comm, const ZigzagLayout& layout, const AttnShape& shape, const T* q, const T* k,
                             const T* v, const RingOptions& opts, T* out, T* lse) {
-  check_ring_args(comm, layout, shape);
-  const int W = layout.cp, r = comm.rank();
-  const std::size_t n_kv = static_cast<std::size_t>(shape.tokens) * shape.kv_heads * shape.dim;
-  std::vector<T> kv(2 * n_kv), next(2 * n_kv);
-  std::copy(k, k + n_kv, kv.begin());
-  std::copy(v, v + n_kv, kv.begin() + n_kv);
-  std::fill(out, out + shape.tokens * shape.heads * shape.dim, T(0));
-  std::fill(lse, lse + shape.tokens * shape.heads, static_cast<T>(kNegInf));
-  for (int t = 0; t < W; ++t) {
-    if (t + 1 < W) {
-      const P2POp ops[] = {send_op(ring_next(r, W), kv.data(), kv.size() * sizeof(T)),
-                           recv_op(ring_prev(r, W), next.data(), next.size() * sizeof(T))};
-      comm.exchange(ops, detail::cat("ring attention forward, kv step ", t));
-    }
-    const auto blocks = ring_blocks(layout, r, t, opts.causal);
-    block_forward_cpu<T>(shape, q, kv.data(), kv.data() + n_kv, blocks, softmax_scale<T>(opts, shape), out, lse);
-    if (t + 1 < W) kv.swap(next);
-  }
+  CpuRingDevice<T> device;
+  std::vector<std::byte> buffer;
+  ring_forward(comm, device, layout, shape, opts, q, k, v, out, lse, host_workspace(buffer));
 }
 
 template <class T>
 void ring_attention_backward(Comm& comm, const ZigzagLayout& layout, const AttnShape& shape, const T* q, const T* k,
                              const T* v, const T* out, const T* lse, const T* dout, const RingOptions& opts, T* dq,
                              T* dk, T* dv) {
-  check_ring_args(comm, layout, shape);
-  const int W = layout.cp, r = comm.rank(), H = shape.heads, D = shape.dim;
-  const std::size_t n_kv = static_cast<std::size_t>(shape.tokens) * shape.kv_heads * D;
-  std::vector<T> drow(static_cast<std::size_t>(shape.tokens) * H);
-  for (std::size_t i = 0; i < drow.size(); ++i) {
-    T acc = 0;
-    for (int e = 0; e < D; ++e) acc += dout[i * D + e] * out[i * D + e];
-    drow[i] = acc;
-  }
-  std::vector<T> kv(2 * n_kv), kv_next(2 * n_kv), dkv(2 * n_kv, T(0)), dkv_next(2 * n_kv);
-  std::copy(k, k + n_kv, kv.begin());
-  std::copy(v, v + n_kv, kv.begin() + n_kv);
-  std::fill(dq, dq + shape.tokens * H * D, T(0));
-  const std::size_t bytes = kv.size() * sizeof(T);
-  for (int t = 0; t < W; ++t) {
-    const auto blocks = ring_blocks(layout, r, t, opts.causal);
-    block_backward_cpu<T>(shape, q, kv.data(), kv.data() + n_kv, dout, lse, drow.data(), blocks,
-                          softmax_scale<T>(opts, shape), dq, dkv.data(), dkv.data() + n_kv);
-    if (W == 1) break;
-    // The dk/dv accumulated for the held kv travel with it; after the last step they reach their owner.
-    if (t + 1 < W) {
-      const P2POp ops[] = {send_op(ring_next(r, W), kv.data(), bytes), send_op(ring_next(r, W), dkv.data(), bytes),
-                           recv_op(ring_prev(r, W), kv_next.data(), bytes),
-                           recv_op(ring_prev(r, W), dkv_next.data(), bytes)};
-      comm.exchange(ops, detail::cat("ring attention backward, kv+dkv step ", t));
-      kv.swap(kv_next);
-    } else {
-      const P2POp ops[] = {send_op(ring_next(r, W), dkv.data(), bytes),
-                           recv_op(ring_prev(r, W), dkv_next.data(), bytes)};
-      comm.exchange(ops, "ring attention backward, final dkv");
-    }
-    dkv.swap(dkv_next);
-  }
-  std::copy(dkv.begin(), dkv.begin() + n_kv, dk);
-  std::copy(dkv.begin() + n_kv, dkv.end(), dv);
+  CpuRingDevice<T> device;
+  std::vector<std::byte> buffer;
+  ring_backward(comm, device, layout, shape, opts, q, k, v, out, lse, dout, dq, dk, dv, host_workspace(buffer));
 }
 
 #define DYNACP_INSTANTIATE(T)                                                                                          \
+  template class CpuRingDevice<T>;                                                                                     \
   template void block_forward_cpu<T>(const AttnShape&, const T*, const T*, const T*, std::span<const BlockDesc>, T,    \
                                      T*, T*);                                                                          \
   template void block_backward_cpu<T>(const AttnShape&, const T*, const T*, const T*, const T*, const T*, const T*,    \

@@ -8,6 +8,9 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <span>
+#include <string>
+#include <string_view>
 #include <thread>
 
 #include "dynacp/model/error.hpp"
@@ -273,4 +276,68 @@ TEST(RingAttention, MissingPeerTimesOut) {
   const auto ms = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_GE(ms, 290);
   EXPECT_LT(ms, 3000);
+}
+
+TEST(RingExecutor, OneWorkspaceHoldsEveryExchangedBuffer) {
+  // dynacp.torch maps P2P addresses back to slices of the one workspace it allocates: check that contract, and that
+  // the device-agnostic loop (ring_forward/ring_backward with CpuRingDevice) equals the CPU wrappers bit for bit.
+  const Problem p = make_problem(kMixed, {1, 0, 1, 1, 0, 1, 1}, 4, 2, 9);
+  const int cp = 3;
+  const auto layout = make_zigzag_layout(p.cu, cp);
+  const AttnShape shape{layout.local_tokens(), p.H, p.Hkv, p.D};
+  RingOptions opts;
+  opts.causal = p.causal;
+  auto threads = make_thread_comms(cp, Millis(20000));
+  run_ranks(cp, [&](int r) {
+    std::vector<std::byte> buffer;
+    int allocations = 0, exchanges = 0;
+    bool in_workspace = true;  // the CPU wrappers below use their own workspace
+    const WorkspaceFn workspace = [&](std::size_t bytes) -> void* {
+      ++allocations;
+      buffer.assign(bytes, std::byte{0});
+      return buffer.data();
+    };
+    auto comm =
+        make_callback_comm(r, cp, Millis(20000), [&](std::span<const P2POp> ops, std::string_view what, Millis) {
+          ++exchanges;
+          for (const auto& op : ops) {
+            const auto* b = static_cast<const std::byte*>(op.data);
+            if (in_workspace && (b < buffer.data() || b + op.bytes > buffer.data() + buffer.size()))
+              throw dynacp::Error(std::string(what) + ": buffer outside the workspace");
+          }
+          threads[r]->exchange(ops, what);
+        });
+    const auto rows = zigzag_rows(layout, r);
+    const auto q = shard<double>(p.q, rows, p.H * p.D), k = shard<double>(p.k, rows, p.Hkv * p.D),
+               v = shard<double>(p.v, rows, p.Hkv * p.D), dout = shard<double>(p.dout, rows, p.H * p.D);
+    std::vector<double> out(q.size()), lse(rows.size() * p.H), dq(q.size()), dk(k.size()), dv(k.size());
+    CpuRingDevice<double> device;
+    ring_forward(*comm, device, layout, shape, opts, q.data(), k.data(), v.data(), out.data(), lse.data(), workspace);
+    ring_backward(*comm, device, layout, shape, opts, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(),
+                  dq.data(), dk.data(), dv.data(), workspace);
+    EXPECT_EQ(allocations, 2);
+    EXPECT_EQ(exchanges, 2 * cp - 1);  // forward: cp-1 kv hops; backward: cp-1 kv+dkv hops and the final dkv hop
+    in_workspace = false;
+    std::vector<double> out2(out.size()), lse2(lse.size()), dq2(dq.size()), dk2(dk.size()), dv2(dv.size());
+    ring_attention_forward<double>(*comm, layout, shape, q.data(), k.data(), v.data(), opts, out2.data(), lse2.data());
+    ring_attention_backward<double>(*comm, layout, shape, q.data(), k.data(), v.data(), out2.data(), lse2.data(),
+                                    dout.data(), opts, dq2.data(), dk2.data(), dv2.data());
+    EXPECT_EQ(out, out2);
+    EXPECT_EQ(lse, lse2);
+    EXPECT_EQ(dq, dq2);
+    EXPECT_EQ(dk, dk2);
+    EXPECT_EQ(dv, dv2);
+  });
+}
+
+TEST(RingExecutor, RejectsAMisalignedWorkspace) {
+  const auto layout = make_zigzag_layout(std::vector<std::int64_t>{0, 4}, 1);
+  auto comms = make_thread_comms(1, Millis(1000));
+  std::vector<float> x(4 * 2 * 4, 1.f), out(x.size()), lse(4 * 2);
+  std::vector<std::byte> buffer(1 << 16);
+  CpuRingDevice<float> device;
+  const WorkspaceFn misaligned = [&](std::size_t) -> void* { return buffer.data() + 1; };
+  EXPECT_THROW(ring_forward(*comms[0], device, layout, AttnShape{4, 2, 2, 4}, {}, x.data(), x.data(), x.data(),
+                            out.data(), lse.data(), misaligned),
+               dynacp::Error);
 }

@@ -2,7 +2,9 @@
 
 Each distributed scenario runs this file as `python test_runtime_torch.py <scenario> <rank> <world> <port>` in
 separate processes (inheriting DYNACP_EXT_DIR / PYTHONPATH); the pytest side only checks exit codes and output, with
-a hard timeout so a hang fails instead of blocking CI. fp32 ring vs fp64 reference: atol = rtol = 1e-5.
+a hard timeout so a hang fails instead of blocking CI. fp32 ring vs fp64 reference: atol = rtol = 1e-5; fp64 ring:
+1e-10. The ring runs the same C++ loop and Python exchange code as the CUDA path (only the kernel provider
+differs); the host-staged exchange used for CUDA buffers over gloo is exercised here on CPU tensors too.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dynacp.torch import (  # noqa: E402
     zigzag_gather,
     zigzag_shard,
 )
+from dynacp.torch import ring as ring_module  # noqa: E402
 
 ATOL = RTOL = 1e-5
 LENGTHS = [1, 13, 24, 7, 2, 31, 0, 5]
@@ -61,14 +64,17 @@ def _inputs(seed, heads=4, kv_heads=2, dim=8):
     return cu, q, k, v, dout
 
 
-def _check_ring(group, members, causal, seed):
-    """Runs the ring on `group` and checks out, dq, dk, dv against the fp64 reference on every member."""
+def _check_ring(group, members, causal, seed, dtype=torch.float32, tol=ATOL):
+    """Runs the ring on `group` and checks out, lse, dq, dk, dv against the fp64 reference on every member."""
     cu, q, k, v, dout = _inputs(seed)
     cp, rank = len(members), dist.get_rank(group)
-    qg, kg, vg = (x.float().requires_grad_() for x in (q, k, v))
+    qg, kg, vg = (x.to(dtype, copy=True).requires_grad_() for x in (q, k, v))
     ql, kl, vl = (zigzag_shard(x, cu, cp, rank) for x in (qg, kg, vg))
-    out = ring_attention(ql, kl, vl, cu, group, causal=causal, timeout=30.0)
-    (out * zigzag_shard(dout.float(), cu, cp, rank)).sum().backward()
+    out, lse = ring_attention(ql, kl, vl, cu, group, causal=causal, timeout=30.0, return_lse=True)
+    assert out.dtype == dtype and lse.dtype == dtype and lse.shape == ql.shape[:2], (out.dtype, lse.dtype)
+    padding = torch.from_numpy(_core.zigzag_rows(cu, cp, rank, None)) < 0
+    assert bool(torch.all(lse[padding] == float("-inf"))) and bool(torch.all(out[padding] == 0))
+    (out * zigzag_shard(dout.to(dtype), cu, cp, rank)).sum().backward()
     grads = [x.grad.clone() for x in (qg, kg, vg)]
     for gr in grads:  # each rank holds the gradient of its own rows only
         dist.all_reduce(gr, group=group)
@@ -76,9 +82,21 @@ def _check_ring(group, members, causal, seed):
     qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
     ref = reference(qr, kr, vr, cu, flags, q.shape[-1] ** -0.5)
     ref.backward(dout)
-    torch.testing.assert_close(zigzag_gather(out.detach(), cu, group).double(), ref.detach(), atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(zigzag_gather(out.detach(), cu, group).double(), ref.detach(), atol=tol, rtol=tol)
     for name, got, want in zip("qkv", grads, (qr.grad, kr.grad, vr.grad)):
-        torch.testing.assert_close(got.double(), want, atol=ATOL, rtol=RTOL, msg=lambda m, n=name: f"d{n}: {m}")
+        torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol, msg=lambda m, n=name: f"d{n}: {m}")
+
+
+def _always_stage(device, group):
+    """The exchange of CUDA buffers over gloo (through host copies), applied to CPU buffers."""
+    _always_stage.calls += 1
+    return True
+
+
+_always_stage.calls = 0
+
+
+_default_stage = ring_module._stage_through_host
 
 
 def _worker(scenario: str, rank: int, world: int, port: int) -> None:
@@ -88,6 +106,11 @@ def _worker(scenario: str, rank: int, world: int, port: int) -> None:
     if scenario == "ring":
         _check_ring(None, list(range(world)), True, seed=1)
         _check_ring(None, list(range(world)), [i % 2 == 0 for i in range(len(LENGTHS))], seed=2)
+        _check_ring(None, list(range(world)), True, seed=6, dtype=torch.float64, tol=1e-10)
+        ring_module._stage_through_host = _always_stage  # the CUDA-over-gloo exchange, on CPU tensors
+        _check_ring(None, list(range(world)), [i % 3 == 0 for i in range(len(LENGTHS))], seed=7)
+        assert _always_stage.calls == 2, _always_stage.calls  # one forward, one backward
+        ring_module._stage_through_host = _default_stage
         # Groups of size 3 and 1: every rank must create every group, in the same order.
         g3, g1 = dist.new_group([0, 1, 2]), dist.new_group([3])
         if rank < 3:
@@ -206,6 +229,44 @@ def test_zigzag_shard_rules():
         _core.zigzag_layout(cu, 2, [0, 6, 10])
     with pytest.raises(ValueError, match="multiple of 2"):
         _core.zigzag_layout(cu, 2, [0, 10, 14])
+
+
+def test_cuda_tensors_without_the_cuda_extension_raise_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "dynacp._cuda", None)  # as in a build without nvcc: the module does not exist
+    with pytest.raises(RuntimeError, match=r"no CUDA support: the extension module dynacp\._cuda is missing.*nvcc"):
+        ring_module._ring_device(torch.device("cuda", 0), torch.bfloat16)
+
+
+def test_cuda_ring_device_without_a_gpu_raises_the_cuda_error():
+    cuda_ext = pytest.importorskip("dynacp._cuda", reason="built without CUDA (nvcc not found)")
+    try:
+        visible = cuda_ext.device_count()
+    except RuntimeError:
+        visible = 0
+    if visible:
+        pytest.skip("a GPU is visible; tests/gpu/run.sh covers the CUDA path")
+    with pytest.raises(RuntimeError, match="CUDA error in cudaGetDeviceCount"):
+        cuda_ext.CudaRingDevice("bfloat16", 0, 0)
+    with pytest.raises(ValueError, match="float32, bfloat16 and float16"):
+        cuda_ext.CudaRingDevice("float64", 0, 0)
+    assert cuda_ext.MAX_HEAD_DIM == 128
+    assert issubclass(cuda_ext.CudaRingDevice, _core.RingDevice)  # one ring loop in _core takes either device
+
+
+def test_ring_attention_input_checks():
+    cu = np.array([0, 8])
+    x = torch.zeros(8, 2, 4)
+    with pytest.raises(ValueError, match="float32 and float64"):
+        ring_attention(x.bfloat16(), x.bfloat16(), x.bfloat16(), cu)
+    with pytest.raises(ValueError, match="CPU and CUDA"):
+        ring_attention(x.to("meta"), x.to("meta"), x.to("meta"), cu)
+    with pytest.raises(ValueError, match="shapes disagree"):
+        ring_attention(x, x[:, :1, :2], x[:, :1, :2], cu)
+    with pytest.raises(ValueError, match="one device"):
+        ring_attention(x, x.to("meta"), x, cu)
+    assert _core.cpu_ring_device("float64").acc_bytes == 8
+    with pytest.raises(ValueError, match="float32 and float64"):
+        _core.cpu_ring_device("float16")
 
 
 if __name__ == "__main__":

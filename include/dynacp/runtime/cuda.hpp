@@ -1,14 +1,17 @@
-// CUDA side of the runtime (target dynacp_cuda, built when nvcc is found): tiled reference attention kernels with
-// fp32 accumulation for fp32/bf16/fp16 inputs, and a ring executor over simulated ranks on one GPU that drives the
-// same schedule (schedule.hpp / ring_blocks) as the CPU executor. All pointers are device pointers.
+// CUDA side of the runtime (targets dynacp_cuda_kernels and dynacp_cuda, built when nvcc is found): tiled reference
+// attention kernels with fp32 accumulation for fp32/bf16/fp16 inputs; CudaRingDevice, the CUDA half of the ring
+// executor (ring.hpp: the same loop as the CPU executor, over any Comm); and a ring over simulated ranks on one GPU
+// that drives the same schedule (schedule.hpp / ring_blocks). All pointers are device pointers.
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "dynacp/runtime/attention.hpp"
 #include "dynacp/runtime/layout.hpp"
+#include "dynacp/runtime/ring.hpp"
 
 namespace dynacp::runtime::cuda {
 
@@ -34,13 +37,48 @@ void block_backward(DType dt, const AttnShape& s, const void* q, const void* k, 
 void row_dot(DType dt, const void* dout, const float* out, std::int64_t rows, int dim, float* drow,
              cudaStream_t stream);
 
+/// dst[i] = value for i < n.
+void fill(float* dst, std::int64_t n, float value, cudaStream_t stream);
+
 /// Element-wise conversions between fp32 and dt.
 void cast_from_float(DType dt, const float* src, void* dst, std::int64_t n, cudaStream_t stream);
 void cast_to_float(DType dt, const void* src, float* dst, std::int64_t n, cudaStream_t stream);
 std::size_t dtype_size(DType dt);
+/// "float32" / "bfloat16" / "float16" (also "fp32", "bf16", "fp16"); InvalidArgument otherwise.
+DType parse_dtype(std::string_view name);
+
+/// The CUDA half of the ring executor (ring.hpp): input type `dt`, fp32 accumulation (out, lse, dq, dk, dv and the
+/// dk/dv that travel the ring), every kernel and copy on `stream` of `device`. synchronize() waits for the stream,
+/// so the communicator may run on any stream (torch.distributed/NCCL, NcclComm, host staging).
+class CudaRingDevice final : public RingDevice {
+ public:
+  /// Selects `device` (cudaSetDevice); throws dynacp::Error naming the CUDA error when no usable GPU is present.
+  CudaRingDevice(DType dt, int device, cudaStream_t stream);
+  std::size_t input_bytes() const override { return dtype_size(dt_); }
+  std::size_t acc_bytes() const override { return sizeof(float); }
+  void validate(const AttnShape& shape) const override;
+  void copy(void* dst, const void* src, std::size_t bytes) override;
+  void upload(void* dst, const void* host_src, std::size_t bytes) override;
+  void fill(void* acc, std::size_t count, double value) override;
+  void forward(const AttnShape& shape, const StepBlocks& blocks, const void* q, const void* k, const void* v,
+               double scale, void* out, void* lse) override;
+  void row_dot(const void* dout, const void* out, std::int64_t rows, int dim, void* drow) override;
+  void backward(const AttnShape& shape, const StepBlocks& blocks, const void* q, const void* k, const void* v,
+                const void* dout, const void* lse, const void* drow, double scale, void* dq, void* dk,
+                void* dv) override;
+  void synchronize() override;
+
+  DType dtype() const { return dt_; }
+  int device() const { return device_; }
+
+ private:
+  DType dt_;
+  int device_;
+  cudaStream_t stream_;
+};
 
 /// W simulated ranks on one GPU: each rank's shard lives in its own buffers and kv hops between them with
-/// device-to-device copies, following zigzag_step/ring_blocks exactly as ring_attention_forward/backward do.
+/// device-to-device copies, following zigzag_step/ring_blocks exactly as ring_forward/ring_backward (ring.hpp) do.
 class SimulatedRing {
  public:
   SimulatedRing(const ZigzagLayout& layout, const AttnShape& shape, DType dt, std::vector<std::uint8_t> causal,

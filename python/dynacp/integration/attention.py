@@ -27,7 +27,7 @@ def _ring_attention():
         from dynacp.torch import ring_attention  # type: ignore[import-not-found]
     except Exception:
         return None
-    return ring_attention if hasattr(_core, "ring_attention_forward") else None
+    return ring_attention if hasattr(_core, "ring_forward") else None
 
 
 def ring_attention_available() -> bool:

@@ -1,7 +1,8 @@
 """PyTorch integration of the dynacp runtime (imports torch; the rest of dynacp does not).
 
 * :func:`ring_attention` -- zigzag ring attention over a torch.distributed group, as an autograd function that runs
-  the C++ CPU kernels (float32/float64 CPU tensors, gloo groups).
+  the C++ ring loop with the C++ CPU kernels (float32/float64 CPU tensors, gloo groups) or the CUDA kernels of
+  ``dynacp._cuda`` (float32/bfloat16/float16 CUDA tensors, NCCL groups).
 * :func:`zigzag_shard` / :func:`zigzag_gather` -- move packed THD tensors between the global and the zigzag layout.
 * :func:`broadcast_packing` -- ship packing metadata to pipeline stages and tensor-parallel peers.
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from datetime import timedelta
 from typing import Any, Optional, Sequence, Union
@@ -31,79 +32,189 @@ def _group_rank(group) -> tuple:
     return group, rank, dist.get_world_size(group)
 
 
-class _GroupExchange:
-    """Grouped P2P for the C++ ring: posts every op with batch_isend_irecv, waits with a deadline."""
+_CPU_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+_CUDA_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
-    def __init__(self, group, rank: int):
+
+def _acc_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """Type of out/lse/dq/dk/dv inside the ring: the input type on the CPU, float32 on CUDA."""
+    return dtype if device.type == "cpu" else torch.float32
+
+
+def _cuda_extension():
+    """dynacp._cuda, or a RuntimeError saying what is missing."""
+    try:
+        from dynacp import _cuda  # type: ignore[attr-defined]
+    except ImportError as e:
+        raise RuntimeError(
+            "dynacp.torch.ring_attention got CUDA tensors, but this dynacp build has no CUDA support: the extension "
+            "module dynacp._cuda is missing. It is built only when CMake finds the CUDA compiler (nvcc); install the "
+            "CUDA toolkit and rebuild (pip install ., or cmake -DDYNACP_CUDA=ON), or pass CPU tensors over a gloo "
+            f"group. Import error: {e}"
+        ) from e
+    return _cuda
+
+
+def _ring_device(device: torch.device, dtype: torch.dtype):
+    """The kernel provider of the C++ ring loop for tensors on `device`: CPU (Eigen) or CUDA kernels."""
+    if device.type == "cpu":
+        return _core.cpu_ring_device(_CPU_DTYPES[dtype])
+    if device.type == "cuda":
+        ext = _cuda_extension()
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return ext.CudaRingDevice(_CUDA_DTYPES[dtype], index, torch.cuda.current_stream(index).cuda_stream)
+    raise ValueError(f"dynacp.torch.ring_attention runs on CPU and CUDA tensors, got device {device}")
+
+
+def _stage_through_host(device: torch.device, group) -> bool:
+    """Whether ring buffers on `device` go through host copies: CUDA buffers over a gloo group (gloo moves only CPU
+    tensors). NCCL (or any backend other than gloo) gets the device buffers themselves."""
+    return device.type != "cpu" and str(dist.get_backend(group)) == "gloo"
+
+
+class _Workspace:
+    """The ring loop's scratch memory: one uint8 tensor on the device; P2P addresses map back to slices of it."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.buffer: Optional[torch.Tensor] = None
+
+    def alloc(self, nbytes: int) -> int:
+        self.buffer = torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=self.device)
+        return self.buffer.data_ptr()
+
+    def view(self, address: int, nbytes: int) -> torch.Tensor:
+        buf = self.buffer
+        offset = address - (buf.data_ptr() if buf is not None else 0)
+        if buf is None or offset < 0 or offset + nbytes > buf.numel():
+            raise RuntimeError(f"ring exchange: buffer {address:#x} (+{nbytes} B) is outside the ring workspace")
+        return buf[offset : offset + nbytes]
+
+
+class _GroupExchange:
+    """Grouped P2P for the C++ ring: posts every op with batch_isend_irecv and waits for each with a deadline.
+
+    Buffers are slices of the workspace (CPU or CUDA memory). Work.wait(timeout) raises on gloo and, for NCCL,
+    blocks the host until the work completes or the timeout passes (then torch aborts the NCCL communicator and
+    raises); both become TimeoutError naming the peer. With `stage`, device buffers travel through host copies."""
+
+    def __init__(self, group, rank: int, workspace: _Workspace, stage: bool = False):
         self.group = group
         self.rank = rank
+        self.workspace = workspace
+        self.stage = stage
 
     def __call__(self, ops, what: str, timeout_s: float) -> None:
-        p2p, peers, tags = [], [], {}
-        for kind, peer, view in ops:
-            if view.size == 0:
+        p2p, peers, tags, landing = [], [], {}, []
+        for kind, peer, address, nbytes in ops:
+            if nbytes == 0:
                 continue
+            buf = view = self.workspace.view(address, nbytes)
+            if self.stage:  # the send copy waits for the device; received bytes land after the wait
+                buf = view.to("cpu", copy=True) if kind == "send" else torch.empty(nbytes, dtype=torch.uint8)
+                if kind == "recv":
+                    landing.append((view, buf))
             key = (kind, peer)
             tag = tags.get(key, 0)  # the i-th message between a pair matches the i-th receive
             tags[key] = tag + 1
             fn = dist.isend if kind == "send" else dist.irecv
             global_peer = dist.get_global_rank(self.group, peer)  # P2P peers are global ranks
-            p2p.append(dist.P2POp(fn, torch.from_numpy(view), global_peer, self.group, tag))
+            p2p.append(dist.P2POp(fn, buf, global_peer, self.group, tag))
             peers.append((kind, peer))
         if not p2p:
             return
         deadline = time.monotonic() + timeout_s
-        works = dist.batch_isend_irecv(p2p)
+        works = dist.batch_isend_irecv(p2p)  # NCCL may coalesce the ops into fewer works: name the first op's peer
         for work, (kind, peer) in zip(works, peers):
             left = max(deadline - time.monotonic(), 1e-3)
             try:
                 ok = work.wait(timeout=timedelta(seconds=left))
-            except RuntimeError as e:  # gloo raises on timeout
+            except RuntimeError as e:  # gloo and NCCL raise on timeout (torch.distributed.DistBackendError)
                 raise TimeoutError(
                     f"group rank {self.rank}: {what}: {kind} with peer {peer} did not complete within {timeout_s:g} s "
                     f"(the peer never answered; check that every rank of the group runs the same schedule): {e}"
                 ) from e
             if ok is False:
                 raise TimeoutError(f"group rank {self.rank}: {what}: {kind} with peer {peer} timed out after {timeout_s:g} s")
+        for view, buf in landing:
+            view.copy_(buf)
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.device.type != "cpu":
-            raise ValueError(
-                f"{name} is on {t.device}: dynacp.torch.ring_attention runs the C++ CPU kernels on CPU tensors over "
-                "gloo; the CUDA path lives in the C++ runtime (dynacp_cuda)"
-            )
-        if t.dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"{name} has dtype {t.dtype}; CPU ring attention supports float32 and float64")
         if t.dim() != 3:
             raise ValueError(f"{name} must be [tokens, heads, dim], got shape {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"q, k, v must be on one device, got {name} on {t.device} and q on {q.device}")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.device.type == "cpu" and q.dtype not in _CPU_DTYPES:
+        raise ValueError(f"q has dtype {q.dtype}; ring attention on CPU tensors supports float32 and float64")
+    if q.device.type == "cuda" and q.dtype not in _CUDA_DTYPES:
+        raise ValueError(f"q has dtype {q.dtype}; ring attention on CUDA tensors supports float32, bfloat16, float16")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"dynacp.torch.ring_attention runs on CPU and CUDA tensors, got device {q.device}")
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise ValueError(f"q [T,H,D], k and v [T,Hkv,D] shapes disagree: {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().contiguous().numpy()
+class _Ring:
+    """One ring_attention call: group, layout arguments and device; runs the C++ ring loop with the device's kernels.
+
+    Every tensor handed to C++ is contiguous, on the device and of the documented shape and type: the loop gets
+    addresses, and the kernels run on the current CUDA stream (so torch's stream ordering covers them)."""
+
+    def __init__(self, group, rank, size, cu, cu_padded, causal, scale, timeout, device, dtype):
+        self.group, self.rank, self.size = group, rank, size
+        self.cu, self.cu_padded, self.causal, self.scale, self.timeout = cu, cu_padded, causal, scale, timeout
+        self.device, self.dtype = device, dtype
+        self.acc = _acc_dtype(device, dtype)
+
+    def _run(self, fn, *tensors: torch.Tensor) -> None:
+        q, k = tensors[0], tensors[1]
+        shape = (q.shape[0], q.shape[1], k.shape[1], q.shape[2])
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+            workspace = _Workspace(self.device)
+            stage = _stage_through_host(self.device, self.group)
+            exchange = _GroupExchange(self.group, self.rank, workspace, stage)
+            comm = _core.make_callback_comm(self.rank, self.size, self.timeout, exchange)
+            device = _ring_device(self.device, self.dtype)
+            fn(comm, device, shape, *(t.data_ptr() for t in tensors), self.cu, self.cu_padded, self.causal,
+               self.scale, workspace.alloc)
+
+    def forward(self, q, k, v):
+        q, k, v = (x.detach().contiguous() for x in (q, k, v))
+        out = torch.empty(q.shape, dtype=self.acc, device=q.device)
+        lse = torch.empty(q.shape[:2], dtype=self.acc, device=q.device)
+        self._run(_core.ring_forward, q, k, v, out, lse)
+        return out.to(self.dtype), lse
+
+    def backward(self, q, k, v, out, lse, dout):
+        q, k, v = (x.detach().contiguous() for x in (q, k, v))
+        out = out.detach().to(self.acc).contiguous()
+        dout = dout.detach().to(device=q.device, dtype=self.dtype).contiguous()
+        dq = torch.empty(q.shape, dtype=self.acc, device=q.device)
+        dk = torch.empty(k.shape, dtype=self.acc, device=q.device)
+        dv = torch.empty(k.shape, dtype=self.acc, device=q.device)
+        self._run(_core.ring_backward, q, k, v, out, lse.contiguous(), dout, dq, dk, dv)
+        return dq.to(self.dtype), dk.to(self.dtype), dv.to(self.dtype)
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, comm, cu, cu_padded, causal, scale):  # type: ignore[override]
-        out, lse = _core.ring_attention_forward(comm, _np(q), _np(k), _np(v), cu, cu_padded, causal, scale)
-        out_t, lse_t = torch.from_numpy(out), torch.from_numpy(lse)
-        ctx.save_for_backward(q, k, v, out_t, lse_t)
-        ctx.args = (comm, cu, cu_padded, causal, scale)
-        ctx.mark_non_differentiable(lse_t)
-        return out_t, lse_t
+    def forward(ctx, q, k, v, ring):  # type: ignore[override]
+        out, lse = ring.forward(q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.ring = ring
+        ctx.mark_non_differentiable(lse)
+        return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):  # type: ignore[override]
         q, k, v, out, lse = ctx.saved_tensors
-        comm, cu, cu_padded, causal, scale = ctx.args
-        dq, dk, dv = _core.ring_attention_backward(
-            comm, _np(q), _np(k), _np(v), _np(out), _np(lse), _np(dout.to(q.dtype)), cu, cu_padded, causal, scale
-        )
-        return torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv), None, None, None, None, None
+        dq, dk, dv = ctx.ring.backward(q, k, v, out, lse, dout)
+        return dq, dk, dv, None
 
 
 def ring_attention(
@@ -119,29 +230,42 @@ def ring_attention(
     timeout: float = 60.0,
     return_lse: bool = False,
 ):
-    """Zigzag ring attention over the ranks of `group` (default: WORLD).
+    """Zigzag ring attention over the ranks of `group` (default: WORLD), as an autograd function.
+
+    The C++ ring loop (one schedule, runtime/schedule.hpp) runs with the kernels of the tensors' device and moves
+    the kv (forward) and kv + dk/dv (backward) buffers with torch.distributed.batch_isend_irecv on `group`:
+
+    * CPU tensors (float32, float64): Eigen kernels; accumulation, output and LSE in the input type. Use gloo.
+    * CUDA tensors (float32, bfloat16, float16): the CUDA kernels of dynacp._cuda on the current stream of the
+      tensors' device, fp32 accumulation; the output and the gradients are returned in the input type, the LSE in
+      float32. Use NCCL (a gloo group also works: buffers are staged through host memory). The backward uses the
+      returned (rounded) output for rowsum(dO * O), as FlashAttention does. Requires a build with nvcc
+      (RuntimeError naming dynacp._cuda otherwise); head dim <= 128 (reference kernels).
 
     Args:
         q, k, v: this rank's zigzag shard, [local_tokens, heads, dim] and [local_tokens, kv_heads, dim]
-            (see :func:`zigzag_shard`); float32 or float64 CPU tensors. kv_heads must divide heads (GQA).
+            (see :func:`zigzag_shard`), on one device with one dtype. kv_heads must divide heads (GQA).
         cu_seqlens: global offsets of the real tokens of the packed batch (the same on every rank).
         group: the CP process group; its size is the CP degree (any integer >= 1).
         causal: one flag for all sequences, or one per sequence.
         cu_seqlens_padded: padded offsets; default pads each sequence to a multiple of 2 * cp.
         softmax_scale: default 1 / sqrt(dim).
-        timeout: seconds each ring exchange may take before TimeoutError.
-        return_lse: also return the fp32/fp64 log-sum-exp [local_tokens, heads] (-inf on padding rows).
+        timeout: seconds each ring exchange may take before TimeoutError (Work.wait(timeout); with NCCL, torch
+            aborts the group's communicator on a timeout, so the group cannot be used afterwards).
+        return_lse: also return the natural-log log-sum-exp [local_tokens, heads] (-inf on padding rows), in the
+            accumulation type (float32 on CUDA, the input type on the CPU).
 
     Returns:
-        out [local_tokens, heads, dim] (zero on padding rows), and lse when return_lse.
+        out [local_tokens, heads, dim] in the input dtype (zero on padding rows), and lse when return_lse.
     """
     _check_inputs(q, k, v)
     group, rank, size = _group_rank(group)
     cu = _as_int64(cu_seqlens)
     cu_padded = _as_int64(cu_seqlens_padded)
     causal_arg = bool(causal) if isinstance(causal, (bool, np.bool_)) else np.asarray(causal, dtype=np.int64)
-    comm = _core.make_callback_comm(rank, size, float(timeout), _GroupExchange(group, rank))
-    out, lse = _RingAttention.apply(q, k, v, comm, cu, cu_padded, causal_arg, float(softmax_scale or 0.0))
+    ring = _Ring(group, rank, size, cu, cu_padded, causal_arg, float(softmax_scale or 0.0), float(timeout), q.device,
+                 q.dtype)
+    out, lse = _RingAttention.apply(q, k, v, ring)
     return (out, lse) if return_lse else out
 
 

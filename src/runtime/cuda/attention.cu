@@ -207,6 +207,11 @@ __global__ void row_dot_kernel(const T* __restrict__ dout, const float* __restri
   drow[i] = acc;
 }
 
+__global__ void fill_kernel(float* dst, std::int64_t n, float value) {
+  const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = value;
+}
+
 template <class T>
 __global__ void cast_from_kernel(const float* src, T* dst, std::int64_t n) {
   const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -236,6 +241,14 @@ unsigned blocks_for(std::int64_t n, int per) { return static_cast<unsigned>((n +
 void check_shape(const AttnShape& s) {
   s.validate();
   if (s.dim > kMaxHeadDim) invalid("CUDA reference kernels support head dim <= ", kMaxHeadDim, ", got ", s.dim);
+  if (s.heads > 65535) invalid("CUDA reference kernels support at most 65535 heads (grid y), got ", s.heads);
+}
+
+/// Blocks of one launch are the grid's z dimension.
+void check_blocks(int num_blocks) {
+  if (num_blocks > 65535)
+    invalid("CUDA reference kernels take at most 65535 sequences per ring step (grid z), got ", num_blocks,
+            "; split the microbatch");
 }
 
 }  // namespace
@@ -246,10 +259,18 @@ void check(cudaError_t status, const char* what) {
 
 std::size_t dtype_size(DType dt) { return dt == DType::kF32 ? 4 : 2; }
 
+DType parse_dtype(std::string_view name) {
+  if (name == "float32" || name == "fp32") return DType::kF32;
+  if (name == "bfloat16" || name == "bf16") return DType::kBF16;
+  if (name == "float16" || name == "fp16") return DType::kF16;
+  invalid("CUDA ring attention supports float32, bfloat16 and float16 inputs, got '", name, "'");
+}
+
 void block_forward(DType dt, const AttnShape& s, const void* q, const void* k, const void* v, const BlockDesc* blocks,
                    int num_blocks, std::int64_t max_q_rows, float scale, float* acc_out, float* acc_lse,
                    cudaStream_t stream) {
   check_shape(s);
+  check_blocks(num_blocks);
   if (num_blocks == 0 || max_q_rows == 0) return;
   const dim3 grid(blocks_for(max_q_rows, kRows), s.heads, num_blocks);
   with_type(dt, [&](auto t) {
@@ -265,6 +286,7 @@ void block_backward(DType dt, const AttnShape& s, const void* q, const void* k, 
                     std::int64_t max_q_rows, std::int64_t max_k_rows, float scale, float* dq, float* dk, float* dv,
                     cudaStream_t stream) {
   check_shape(s);
+  check_blocks(num_blocks);
   if (num_blocks == 0 || max_q_rows == 0 || max_k_rows == 0) return;
   with_type(dt, [&](auto t) {
     using T = decltype(t);
@@ -286,6 +308,12 @@ void row_dot(DType dt, const void* dout, const float* out, std::int64_t rows, in
     row_dot_kernel<T><<<blocks_for(rows, 256), 256, 0, stream>>>(static_cast<const T*>(dout), out, rows, dim, drow);
   });
   check(cudaGetLastError(), "row_dot launch");
+}
+
+void fill(float* dst, std::int64_t n, float value, cudaStream_t stream) {
+  if (n == 0) return;
+  fill_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(dst, n, value);
+  check(cudaGetLastError(), "fill launch");
 }
 
 void cast_from_float(DType dt, const float* src, void* dst, std::int64_t n, cudaStream_t stream) {
