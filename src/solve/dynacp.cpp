@@ -353,18 +353,18 @@ class Builder {
   /// microbatches take S seconds in all (all stages, forward and backward) and M at most finishes after about
   /// (S + (pp - 1) M) / pp (exact for equal microbatches; docs/strategies.md), so:
   ///   1. ring sequences (dmin > 1 or slower than mu on one rank) take the smallest degree that reaches mu (their
-  ///      fastest degree if none does) and go, largest area first, onto the node-contiguous ranks with the least
-  ///      estimate so far; every rank runs its rings first, in placement order;
+  ///      fastest degree, or the one within `target`, if none does) and go, largest area first, onto the
+  ///      node-contiguous ranks with the least estimate so far;
   ///   2. the other sequences, longest work first, go to the rank with the least estimate, into its open
   ///      microbatch while that stays within mu and the token capacity, else into a new one;
   ///   3. a local search moves single sequences from the rank with the largest estimate to the smallest.
-  /// Each rank runs its rings, then its microbatches largest first (the smallest drains the pipeline last).
-  /// With `count` > 0 every rank is then brought to `count` microbatches where the data allows (split the
-  /// heaviest multi-sequence microbatch, or merge the two lightest that fit together).
-  /// `target` > 0: ring sequences that cannot reach mu take the smallest degree within target x their fastest time;
-  /// `target` < 0: within -target seconds.
-  /// `order`: 0 the rank's own microbatches heaviest first after its rings; 1 in pyramid order; 2 pyramid order
-  /// with the lightest one before the rings.
+  /// A ring placed in round k runs at list index k on all its ranks (others run one of their own microbatches
+  /// there), and the rank's own microbatches fill the other indices in the given `order`. With `count` > 0 every rank
+  /// is then brought to `count` microbatches where the data allows (split the heaviest multi-sequence microbatch, or
+  /// merge the two lightest that fit together). `target` > 0: ring sequences that cannot reach mu take the smallest
+  /// degree within target x their fastest time; `target` < 0: within -target seconds. `order`: 0 the rank's own
+  /// microbatches heaviest first after its rings; 1 in pyramid order; 2 pyramid order with the lightest one before the
+  /// rings.
   Plan pipelined(double target, double mu, int pp, int count, int order = 0) const {
     const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
     const double c = cost_.group_overhead;
