@@ -259,12 +259,7 @@ class Builder {
             (heavy < 0 || bins[static_cast<std::size_t>(r)].work > bins[static_cast<std::size_t>(heavy)].work))
           heavy = r;
       if (heavy < 0) break;
-      Bin all = std::move(bins[static_cast<std::size_t>(heavy)]);
-      Bin a, b;
-      for (std::size_t i : all.seqs) {  // already longest-work first: two-way LPT
-        Bin& to = a.work <= b.work ? a : b;
-        to.seqs.push_back(i), to.tokens += seqs_[i].len, to.work += seqs_[i].work;
-      }
+      auto [a, b] = halve(bins[static_cast<std::size_t>(heavy)]);
       bins[static_cast<std::size_t>(heavy)] = std::move(a);
       bins[static_cast<std::size_t>(e)] = std::move(b);
     }
@@ -276,6 +271,20 @@ class Builder {
       tl.add({r}, std::move(ids));
     }
     return spill;
+  }
+
+  /// Splits a group in two by two-way LPT over its sequences, longest work first (ties: lower index).
+  std::pair<Bin, Bin> halve(const Bin& all) const {
+    std::vector<std::size_t> ids = all.seqs;
+    std::stable_sort(ids.begin(), ids.end(), [&](std::size_t x, std::size_t y) {
+      return seqs_[x].work != seqs_[y].work ? seqs_[x].work > seqs_[y].work : x < y;
+    });
+    Bin a, b;
+    for (std::size_t i : ids) {
+      Bin& to = a.work <= b.work ? a : b;
+      to.seqs.push_back(i), to.tokens += seqs_[i].len, to.work += seqs_[i].work;
+    }
+    return {std::move(a), std::move(b)};
   }
 
   double total_work() const {
@@ -564,16 +573,7 @@ class Builder {
         for (std::size_t j = 0; j < rb.size(); ++j)
           if (rb[j].seqs.size() >= 2 && (heavy == rb.size() || rb[j].work > rb[heavy].work)) heavy = j;
         if (heavy == rb.size()) break;
-        Bin all = std::move(rb[heavy]);
-        std::vector<std::size_t> ids = all.seqs;
-        std::stable_sort(ids.begin(), ids.end(), [&](std::size_t x, std::size_t y) {
-          return seqs_[x].work != seqs_[y].work ? seqs_[x].work > seqs_[y].work : x < y;
-        });
-        Bin a, b;
-        for (std::size_t i : ids) {
-          Bin& to = a.work <= b.work ? a : b;
-          to.seqs.push_back(i), to.tokens += seqs_[i].len, to.work += seqs_[i].work;
-        }
+        auto [a, b] = halve(rb[heavy]);
         rb[heavy] = std::move(a);
         rb.push_back(std::move(b));
       }
@@ -810,11 +810,17 @@ class Builder {
 
 namespace {
 
-bool counts_ok(const Plan& plan, int P, const PlanOptions& o) {
+/// Microbatches each rank runs.
+std::vector<int> rank_counts(const Plan& plan, int P) {
   std::vector<int> n(static_cast<std::size_t>(P), 0);
   for (const auto& slot : plan.microbatches)
     for (const auto& g : slot)
       for (int r : g.ranks) ++n[static_cast<std::size_t>(r)];
+  return n;
+}
+
+bool counts_ok(const Plan& plan, int P, const PlanOptions& o) {
+  const std::vector<int> n = rank_counts(plan, P);
   for (int c : n) {
     if (o.count_policy == CountPolicy::Equal && c != n.front()) return false;
     if (o.vpp > 1 && c % o.pp != 0) return false;
@@ -889,10 +895,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       Plan p = b.pipelined(target, mu, options.pp, 0, order);
       if (fixed_counts) {
         const int step = options.vpp > 1 ? options.pp : 1;
-        std::vector<int> n(static_cast<std::size_t>(cluster.num_ranks), 0);
-        for (const auto& slot : p.microbatches)
-          for (const auto& g : slot)
-            for (int r : g.ranks) ++n[static_cast<std::size_t>(r)];
+        std::vector<int> n = rank_counts(p, cluster.num_ranks);
         std::sort(n.begin(), n.end());
         std::set<int> counts;
         for (int t : {n[n.size() / 2], n.back()}) counts.insert((t + step - 1) / step * step);
