@@ -165,8 +165,9 @@ class Builder {
 
   struct Ring {
     std::size_t seq;
-    int d;     // the degree that reaches tau (or the fastest)
-    double t;  // T(s, d)
+    int d;        // the degree that reaches tau (or the fastest)
+    double t;     // T(s, d)
+    int at = -1;  // first of its d consecutive ranks when fixed (shelves()), else -1: the picker chooses
   };
 
   /// What a build for tau depends on: the ring sequences and their degrees.
@@ -374,7 +375,8 @@ class Builder {
   /// degree within target x their fastest time; `target` < 0: within -target seconds. `order`: 0 the rank's own
   /// microbatches heaviest first after its rings; 1 in pyramid order; 2 pyramid order with the lightest one before the
   /// rings.
-  Plan pipelined(double target, double mu, int pp, int count, int order = 0) const {
+  Plan pipelined(double target, double mu, int pp, int count, int order = 0, int lead = 0,
+                 double lead_frac = 0.5) const {
     const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
     const double c = cost_.group_overhead;
     std::vector<std::size_t> shorts;
@@ -393,6 +395,7 @@ class Builder {
       std::vector<int> ranks;
       std::int64_t id;
       int round;  // its index in the microbatch list of every rank it runs on
+      double t;   // its time
     };
     std::vector<Placed> ring_groups;
     std::vector<int> rings_on(static_cast<std::size_t>(P), 0);
@@ -408,7 +411,7 @@ class Builder {
           rings_on[u] = round + 1;
         }
         for (int node = ranks.front() / rpn; node <= ranks.back() / rpn; ++node) picker.update(node, key);
-        ring_groups.push_back({std::move(ranks), seqs_[ring.seq].id, round});
+        ring_groups.push_back({std::move(ranks), seqs_[ring.seq].id, round, ring.t});
       }
     }
     std::vector<std::vector<Bin>> bins(static_cast<std::size_t>(P));
@@ -472,7 +475,65 @@ class Builder {
       if (!moved) break;
       std::erase_if(bins[hi], [](const Bin& b) { return b.seqs.empty(); });
     }
-    if (count > 0) equalize_counts(bins, rings_on, count);
+    // Lead microbatches: every rank of a first-round ring runs `lead` microbatches of its own before it, each of
+    // about lead_frac x the ring's time / lead, packed (largest first) from the rank's short sequences. The ring then
+    // sits inside the rank's list rather than first (a shorter pipeline fill), and its ranks reach it together
+    // (equal prefixes, so no rank waits for another).
+    std::vector<std::vector<Bin>> pre(static_cast<std::size_t>(P));
+    if (lead > 0) {
+      for (const auto& g : ring_groups) {
+        if (g.round != 0) continue;
+        const double room0 = lead_frac * g.t / lead - c;
+        for (int r : g.ranks) {
+          auto& rb = bins[static_cast<std::size_t>(r)];
+          std::vector<std::pair<std::size_t, std::size_t>> items;  // (bin, position), largest work first
+          for (std::size_t j = 0; j < rb.size(); ++j)
+            for (std::size_t k = 0; k < rb[j].seqs.size(); ++k) items.push_back({j, k});
+          std::stable_sort(items.begin(), items.end(), [&](const auto& x, const auto& y) {
+            return seqs_[rb[x.first].seqs[x.second]].work > seqs_[rb[y.first].seqs[y.second]].work;
+          });
+          std::vector<char> taken(items.size(), 0);
+          for (int l = 0; l < lead; ++l) {
+            Bin nb;
+            double room = room0;
+            for (std::size_t i = 0; i < items.size(); ++i) {
+              const Seq& q = seqs_[rb[items[i].first].seqs[items[i].second]];
+              if (taken[i] || q.work > room || nb.tokens + q.len > cap_) continue;
+              nb.seqs.push_back(rb[items[i].first].seqs[items[i].second]), nb.tokens += q.len, nb.work += q.work;
+              room -= q.work, taken[i] = 1;
+            }
+            if (!nb.seqs.empty()) pre[static_cast<std::size_t>(r)].push_back(std::move(nb));
+          }
+          std::vector<Bin> rest(rb.size());
+          for (std::size_t i = 0; i < items.size(); ++i) {
+            if (taken[i]) continue;
+            const std::size_t s = rb[items[i].first].seqs[items[i].second];
+            Bin& b = rest[items[i].first];
+            b.seqs.push_back(s), b.tokens += seqs_[s].len, b.work += seqs_[s].work;
+          }
+          for (auto& b : rest) std::sort(b.seqs.begin(), b.seqs.end());
+          std::erase_if(rest, [](const Bin& b) { return b.seqs.empty(); });
+          rb = std::move(rest);
+        }
+      }
+      // the ring moves only if every first-round ring rank got its `lead` microbatches
+      bool ok = true;
+      for (const auto& g : ring_groups)
+        for (int r : g.ranks)
+          if (g.round == 0 && static_cast<int>(pre[static_cast<std::size_t>(r)].size()) != lead) ok = false;
+      if (!ok) {
+        for (int r = 0; r < P; ++r)
+          for (auto& b : pre[static_cast<std::size_t>(r)]) bins[static_cast<std::size_t>(r)].push_back(std::move(b));
+        for (auto& p : pre) p.clear();
+        lead = 0;
+      }
+    } else {
+      lead = 0;
+    }
+    std::vector<int> fixed = rings_on;
+    for (int r = 0; r < P; ++r)
+      fixed[static_cast<std::size_t>(r)] += static_cast<int>(pre[static_cast<std::size_t>(r)].size());
+    if (count > 0) equalize_counts(bins, fixed, count);
     // Emission in rounds: round k holds the rings placed in it, and every other rank runs one of its own
     // microbatches (largest first) there, so a ring sits at the same list index on all its ranks (no 1F1B
     // position mismatch between the ranks of a group). The remaining microbatches follow, largest first.
@@ -482,7 +543,10 @@ class Builder {
       auto& last = last_round;
       for (const auto& g : ring_groups)
         for (int r : g.ranks) last[static_cast<std::size_t>(r)] = std::max(last[static_cast<std::size_t>(r)], g.round);
-      for (int r = 0; r < P; ++r) need[static_cast<std::size_t>(r)] = last[static_cast<std::size_t>(r)] + 1;
+      for (int r = 0; r < P; ++r)
+        if (last[static_cast<std::size_t>(r)] >= 0)
+          need[static_cast<std::size_t>(r)] =
+              last[static_cast<std::size_t>(r)] + 1 + lead - static_cast<int>(pre[static_cast<std::size_t>(r)].size());
       for (const auto& g : ring_groups)
         for (int r : g.ranks) --need[static_cast<std::size_t>(r)];
       for (int r = 0; r < P; ++r) {
@@ -507,20 +571,18 @@ class Builder {
         }
       }
     }
-    // Per-rank lists: a ring of round k sits at index k (+1 when every ring rank has a spare microbatch to run
-    // first), the same on all its ranks, so no two ranks of a group reach it at different 1F1B positions. The
-    // rank's own microbatches fill the other indices in pyramid order - lightest first and last, heaviest in the
-    // middle - which shortens the pipeline fill and drain (docs/strategies.md).
-    bool lead = order == 2 && !ring_groups.empty();
-    for (int r = 0; r < P && lead; ++r)
-      if (last_round[static_cast<std::size_t>(r)] >= 0 &&
-          static_cast<int>(bins[static_cast<std::size_t>(r)].size()) <= need[static_cast<std::size_t>(r)])
-        lead = false;
+    // Per-rank lists: a ring of round k sits at index k + lead, the same on all its ranks, so no two ranks of a
+    // group reach it at different 1F1B positions; a first-round ring's ranks run their lead microbatches before it.
+    // The rank's own microbatches fill the other indices heaviest first (order 0) or in pyramid order - lightest
+    // first and last, heaviest in the middle - which shortens the pipeline fill and drain (docs/strategies.md).
     std::vector<std::vector<std::pair<int, std::size_t>>> lists(static_cast<std::size_t>(P));  // (kind, index)
+    for (int r = 0; r < P; ++r)
+      for (std::size_t j = 0; j < pre[static_cast<std::size_t>(r)].size(); ++j)
+        lists[static_cast<std::size_t>(r)].push_back({2, j});
     for (std::size_t g = 0; g < ring_groups.size(); ++g)
       for (int r : ring_groups[g].ranks) {
         auto& l = lists[static_cast<std::size_t>(r)];
-        const auto at = static_cast<std::size_t>(ring_groups[g].round + (lead ? 1 : 0));
+        const auto at = static_cast<std::size_t>(ring_groups[g].round + lead);
         if (l.size() <= at) l.resize(at + 1, {-1, 0});
         l[at] = {1, g};
       }
@@ -550,9 +612,10 @@ class Builder {
         const auto& l = lists[static_cast<std::size_t>(r)];
         if (at >= l.size()) continue;
         const auto [kind, index] = l[at];
-        if (kind == 0) {
+        if (kind == 0 || kind == 2) {
           std::vector<std::int64_t> ids;
-          for (std::size_t i : bins[static_cast<std::size_t>(r)][index].seqs) ids.push_back(seqs_[i].id);
+          for (std::size_t i : (kind == 0 ? bins : pre)[static_cast<std::size_t>(r)][index].seqs)
+            ids.push_back(seqs_[i].id);
           tl.add({r}, std::move(ids));
         } else if (kind == 1 && ring_groups[index].ranks.front() == r) {
           tl.add(ring_groups[index].ranks, {ring_groups[index].id});
@@ -594,19 +657,76 @@ class Builder {
     }
   }
 
+  /// Rings for shelf packing (pp = 1): the sequences that need a ring at `tau`, largest area first, grouped into
+  /// shelves whose minimum degrees fit the pool together; within a shelf every ring gets a degree proportional to its
+  /// area (at least its minimum), so the shelf's rings finish together after about sum area / P. Long sequences
+  /// whose memory forces wide rings then run side by side instead of in staggered rounds (docs/strategies.md).
+  std::vector<Ring> shelves(double tau) const {
+    const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
+    std::vector<std::size_t> shorts;
+    std::vector<Ring> rings;
+    classify(order_, tau, 0, shorts, rings);
+    std::vector<Ring> out, rest, wide;
+    for (const auto& r : rings) (seqs_[r.seq].dmin >= rpn ? wide : rest).push_back(r);
+    // Only when the wide rings crowd the pool (their minimum degrees take more than half of it); otherwise the plain
+    // build already runs them side by side.
+    int crowd = 0;
+    for (const auto& r : wide) crowd += seqs_[r.seq].dmin;
+    if (wide.size() < 2 || 2 * crowd <= P) return {};
+    for (std::size_t a = 0; a < wide.size();) {
+      std::size_t z = a;
+      int used = 0;
+      while (z < wide.size() && used + seqs_[wide[z].seq].dmin <= P) used += seqs_[wide[z].seq].dmin, ++z;
+      if (z == a) used = seqs_[wide[z].seq].dmin, ++z;  // cannot happen: dmin <= P (checked by plan())
+      std::vector<int> d;
+      for (std::size_t i = a; i < z; ++i) d.push_back(seqs_[wide[i].seq].dmin);
+      // The spare ranks go one at a time to the ring that takes longest, so the shelf's rings end together, while
+      // that costs it at most 2% more rank-time than at its minimum degree (ranks left over run short sequences).
+      std::priority_queue<std::pair<double, std::size_t>> slow;  // (time, n - i): ties go to the earlier ring
+      for (std::size_t i = 0; i < d.size(); ++i) slow.push({time1(seqs_[wide[a + i].seq], d[i]), d.size() - i});
+      while (used < P && !slow.empty()) {
+        const std::size_t i = d.size() - slow.top().second;
+        slow.pop();
+        const Seq& q = seqs_[wide[a + i].seq];
+        const double t = time1(q, d[i] + 1);
+        if ((d[i] + 1) * t > 1.02 * q.dmin * time1(q, q.dmin)) continue;  // saturated: drop it
+        ++d[i], ++used;
+        slow.push({t, d.size() - i});
+      }
+      int at = 0;
+      for (std::size_t i = a; i < z; ++i) {
+        const int deg = d[i - a];
+        out.push_back({wide[i].seq, deg, time1(seqs_[wide[i].seq], deg), at});
+        at += deg;
+      }
+      a = z;
+    }
+    out.insert(out.end(), rest.begin(), rest.end());
+    return out;
+  }
+
   /// Builds the plan for target tau; returns its makespan and, if `out` is given, the plan.
   /// Ring placement orders tried: largest area (T d) first, longest first, widest first.
   static constexpr int kRingOrders = 3;
   /// Pools up to this many nodes get the full search for rings wider than a node (neighbour degrees, orders).
   static constexpr int kWideNodes = 128;
 
-  double build(double tau, int local_search_rounds, Plan* out, int ring_order = 0) const {
+  double build(double tau, int local_search_rounds, Plan* out, int ring_order = 0,
+               const std::vector<Ring>* forced = nullptr) const {
     const int P = cluster_.num_ranks;
     const int rpn = cluster_.ranks_per_node;
     // 1. ring sequences
     std::vector<std::size_t> shorts;
     std::vector<Ring> rings;
-    classify(order_, tau, ring_order, shorts, rings);
+    if (forced) {  // the rings and their degrees are given (shelves()); everything else is short
+      rings = *forced;
+      std::vector<char> ring(seqs_.size(), 0);
+      for (const auto& r : rings) ring[r.seq] = 1;
+      for (std::size_t i : order_)
+        if (!ring[i]) shorts.push_back(i);
+    } else {
+      classify(order_, tau, ring_order, shorts, rings);
+    }
     // Rings are placed on a scratch timeline; the idle time a rank spends waiting for a ring's other ranks
     // becomes a gap that short sequences can fill without delaying anything.
     struct Placed {
@@ -630,9 +750,13 @@ class Builder {
       double start = 0.0, finish_at = 0.0;
       const Seq& q = seqs_[ring.seq];
       // (On pools of more than kWideNodes nodes a window search is O(nodes), so rings wider than a node keep d.)
-      const int span = ring.d <= rpn || P / rpn <= kWideNodes ? 2 : 0;
+      const int span = forced ? 0 : ring.d <= rpn || P / rpn <= kWideNodes ? 2 : 0;
       for (int d = std::max(q.dmin, ring.d - span); d <= std::min(P, ring.d + span); ++d) {
-        auto cand = picker->pick(d, scratch.free());
+        std::vector<int> cand;
+        if (ring.at >= 0)
+          for (int r = ring.at; r < ring.at + d; ++r) cand.push_back(r);
+        else
+          cand = picker->pick(d, scratch.free());
         double s0 = 0.0;
         for (int r : cand) s0 = std::max(s0, scratch.free()[static_cast<std::size_t>(r)]);
         const double f = s0 + time1(q, d);
@@ -860,6 +984,15 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
   }
   std::vector<Plan> candidates(1);
   b.build(best_tau, kLocalSearch, &candidates[0], best_order);
+  {
+    // shelf packing of the wide rings (side by side, degrees by area) at the best tau
+    const auto forced = b.shelves(best_tau);
+    if (!forced.empty()) {
+      Plan p;
+      b.build(best_tau, kLocalSearch, &p, 0, &forced);
+      candidates.push_back(std::move(p));
+    }
+  }
   if (options.pp > 1) {
     // Pipelined: exclusive slots for m on the grid [pp, 4 pp] (multiples of pp), at least as many as memory needs.
     const double need = static_cast<double>(batch.total_tokens()) /
@@ -891,8 +1024,8 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     auto keep = [&](Plan p, double t) {
       if (t < best_pipe_t && counts_ok(p, cluster.num_ranks, options)) best_pipe = std::move(p), best_pipe_t = t;
     };
-    auto add = [&](double target, double mu, int order) {
-      Plan p = b.pipelined(target, mu, options.pp, 0, order);
+    auto add = [&](double target, double mu, int order, int lead, double frac) {
+      Plan p = b.pipelined(target, mu, options.pp, 0, order, lead, frac);
       if (fixed_counts) {
         const int step = options.vpp > 1 ? options.pp : 1;
         std::vector<int> n = rank_counts(p, cluster.num_ranks);
@@ -900,7 +1033,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
         std::set<int> counts;
         for (int t : {n[n.size() / 2], n.back()}) counts.insert((t + step - 1) / step * step);
         for (int t : counts) {
-          Plan q = b.pipelined(target, mu, options.pp, t, order);
+          Plan q = b.pipelined(target, mu, options.pp, t, order, lead, frac);
           if (counts_ok(q, cluster.num_ranks, options)) {
             const double tq = score(q, batch, cluster, cost, options);
             keep(std::move(q), tq);
@@ -908,15 +1041,18 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
         }
       }
       const double t = score(p, batch, cluster, cost, options);
-      if (order == 0) trials.push_back({t, target, mu});
+      if (order == 0 && lead == 0) trials.push_back({t, target, mu});
       keep(std::move(p), t);
     };
     for (double target : targets)
-      for (int k = 0; k < kMuGrid; ++k) add(target, lb_pp * std::pow(0.03, static_cast<double>(k) / (kMuGrid - 1)), 0);
+      for (int k = 0; k < kMuGrid; ++k)
+        add(target, lb_pp * std::pow(0.03, static_cast<double>(k) / (kMuGrid - 1)), 0, 0, 0.0);
     // the best few again with pyramid orders
     std::stable_sort(trials.begin(), trials.end(), [](const Trial& x, const Trial& y) { return x.score < y.score; });
     for (std::size_t i = 0; i < std::min<std::size_t>(trials.size(), 4); ++i)
-      for (int order : {1, 2}) add(trials[i].target, trials[i].mu, order);
+      for (int order : {0, 1})
+        for (int lead : {1, 2})
+          for (double frac : {0.3, 0.6, 1.0}) add(trials[i].target, trials[i].mu, order, lead, frac);
     if (best_pipe) candidates.push_back(std::move(*best_pipe));
   }
   for (const auto& s : strategies())

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "dynacp/solve/microbatch.hpp"
 #include "dynacp/solve/placement.hpp"
 
 namespace dynacp::solve {
@@ -53,9 +54,20 @@ double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& 
     const double w = cost.work(batch.lengths[i], batch.mask(i));
     wmin = wmin < 0 ? w : std::min(wmin, w);
   }
-  const double P = cluster.num_ranks, n = pp, v = std::max(vpp, 1);
-  const double average = t.average / n + (n - 1) * (cost.group_overhead + wmin / P) / (n * v);
-  const double wide = t.wide_work > 0 ? (t.wide_work / P + cost.group_overhead) / n : 0.0;
+  const double P = cluster.num_ranks, n = pp, v = std::max(vpp, 1), c = cost.group_overhead;
+  double average = t.average / n + (n - 1) * (c + wmin / P) / (n * v);
+  if (vpp <= 1 && one_f_one_b_floor(2, pp) > 1.0) {
+    // Sharper for 1F1B: a rank running m microbatches of S = W_r + m c seconds in all finishes no earlier than
+    // h(m, pp) S / pp (one_f_one_b_floor, the optimum over every split of S). G(W) = min_m h(m, pp) (W + m c) / pp
+    // grows with W, and some rank has W_r >= sum work / P. Beyond the table (m > kM) the bound above applies with
+    // S >= W + (kM + 1) c.
+    const double W = t.average - c;
+    constexpr int kM = 64;
+    double g = (W + (kM + n) * c) / n;
+    for (int m = 1; m <= kM; ++m) g = std::min(g, one_f_one_b_floor(m, pp) * (W + m * c) / n);
+    average = std::max(average, g);
+  }
+  const double wide = t.wide_work > 0 ? (t.wide_work / P + c) / n : 0.0;
   return std::max({t.single, wide, average});
 }
 
