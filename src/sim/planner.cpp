@@ -15,11 +15,14 @@ double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& 
   return solve::lower_bound(batch, cluster, cost, options.pp, options.vpp);
 }
 
-Predicted predict(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
-                  const PlanOptions& options) {
+namespace {
+
+/// predict() with the pipelined lower bound already computed (`lb` < 0: compute it).
+Predicted predict_with(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
+                       const PlanOptions& options, double lb) {
   Predicted p = solve::evaluate(plan, batch, cluster, cost);  // its lower bound is the pp = 1 one
   if (options.pp <= 1) return p;
-  p.lower_bound = lower_bound(batch, cluster, cost, options);
+  p.lower_bound = lb >= 0 ? lb : lower_bound(batch, cluster, cost, options);
   sim::PipelineProblem prob;
   prob.num_ranks = cluster.num_ranks;
   prob.pp = options.pp;
@@ -45,6 +48,13 @@ Predicted predict(const Plan& plan, const Batch& batch, const Cluster& cluster, 
   return p;
 }
 
+}  // namespace
+
+Predicted predict(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
+                  const PlanOptions& options) {
+  return predict_with(plan, batch, cluster, cost, options, -1.0);
+}
+
 Plan plan(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options) {
   batch.validate();
   cluster.validate();
@@ -57,10 +67,11 @@ Plan plan(const Batch& batch, const Cluster& cluster, const CostModel& cost, con
       invalid("sequence ", i, " has ", batch.lengths[i], " tokens but the whole pool of ", cluster.num_ranks,
               " ranks holds at most ", cap * cluster.num_ranks, " (", cap, " per rank)");
 
+  const double lb = options.pp > 1 ? lower_bound(batch, cluster, cost, options) : -1.0;  // once, not per candidate
   PlanOptions opts = options;
   opts.score = [&](const Plan& p) {
     try {
-      return predict(p, batch, cluster, cost, options).step_time;
+      return predict_with(p, batch, cluster, cost, options, lb).step_time;
     } catch (const Error&) {  // e.g. a pipelined plan whose shared groups would deadlock under 1F1B
       return std::numeric_limits<double>::infinity();
     }
@@ -76,7 +87,7 @@ Plan plan(const Batch& batch, const Cluster& cluster, const CostModel& cost, con
   } catch (const InvalidArgument& e) {
     throw Error(std::string("strategy '") + strategy.name + "' produced an invalid plan (a bug): " + e.what());
   }
-  out.predicted = predict(out, batch, cluster, cost, options);
+  out.predicted = predict_with(out, batch, cluster, cost, options, lb);
   return out;
 }
 

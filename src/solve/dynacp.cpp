@@ -1009,7 +1009,9 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     for (int m : grid)
       for (double edge : {1.0, 0.3}) candidates.push_back(b.slotted(m, edge));
     // Per-rank microbatch lists for a geometric grid of microbatch targets below the pipelined lower bound.
-    const double lb_pp = std::max(lower_bound(batch, cluster, cost, options.pp, options.vpp), 1e-12);
+    // (the grid is scaled by the bound without its critical-sequence term, which says little about microbatch sizes)
+    const auto bt = pipelined_bound_terms(batch, cluster, cost, options.pp, options.vpp);
+    const double lb_pp = std::max({bt.single, bt.wide, bt.average, 1e-12});
     const bool fixed_counts = options.count_policy == CountPolicy::Equal || options.vpp > 1;
     constexpr int kMuGrid = 8;
     std::vector<double> targets;

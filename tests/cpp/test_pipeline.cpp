@@ -360,6 +360,25 @@ TEST(Pipeline, OneFOneBFloorIsALowerBoundAndTight) {
   }
 }
 
+// The chain behind the lower bound's critical-sequence term: on stage 0, the ops before F_j, microbatch j's round trip
+// (t_j) and the ops after B_j; only the forwards of the next pp - 1 microbatches (1/3 of their time) and the
+// backwards of the previous pp - 1 (2/3) may overlap it, so the makespan is >= t_j + (S - t_j) / (3 pp). A light
+// microbatch first and the heavy one second reaches it: 12 + 1/12 for times 1 and 12 at pp = 4.
+TEST(Pipeline, OneFOneBRoundTripChain) {
+  EXPECT_NEAR(solve::one_f_one_b(std::vector<double>{1.0, 12.0}, 4), 12.0 + 1.0 / 12, 1e-12);
+  EXPECT_NEAR(solve::one_f_one_b(std::vector<double>{12.0, 1.0}, 4), 12.0 + 2.0 / 12, 1e-12);
+  std::mt19937_64 rng(9);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int pp = 2 + static_cast<int>(rng() % 7), m = 1 + static_cast<int>(rng() % 16);
+    std::vector<double> t(static_cast<std::size_t>(m));
+    double S = 0.0;
+    for (auto& x : t) S += (x = std::pow(u(rng), 3.0));
+    const double got = solve::one_f_one_b(t, pp);
+    for (double tj : t) EXPECT_GE(got, (tj + (S - tj) / (3.0 * pp)) * (1 - 1e-12)) << "pp " << pp << " m " << m;
+  }
+}
+
 TEST(Pipeline, GradSyncIsAdded) {
   auto prob = uniform(2, 4, 1, 8, 1.0, 2.0);
   const double base = simulate(prob).step_time;

@@ -325,6 +325,18 @@ TEST(LowerBound, PipelinedHandChecked) {
   const double step = plan(six, one, cost, o).predicted.step_time;
   EXPECT_LE(step, 9 * (w + c) / 4 + 1e-12);
   EXPECT_GE(step, lower_bound(six, one, cost, o));
+  // One long sequence and four short ones on one rank: the long one's microbatch takes w_L + c and its stage-0 chain
+  // leaves at least a third of the short ones' work exposed: T >= w_L + c + 4 w / 12 (no communication on one rank).
+  Batch mixed;
+  mixed.lengths = {8000, 1000, 1000, 1000, 1000};
+  const Cluster big = make_cluster(1, 1, 16384, cost);
+  const double wl = cost.work(8000, Mask::Causal);
+  EXPECT_GE(lower_bound(mixed, big, cost, o), wl + c + 4 * w / 12 - 1e-15);
+  EXPECT_GT(wl + c + 4 * w / 12, std::max(solve::lower_bound_terms(mixed, big, cost).single,
+                                          solve::pipelined_bound_terms(mixed, big, cost, 4).average));
+  const double mixed_step = plan(mixed, big, cost, o).predicted.step_time;
+  EXPECT_GE(mixed_step, lower_bound(mixed, big, cost, o));
+  EXPECT_LE(mixed_step, wl + c + 4 * (w + c) / 12 + 1e-12);  // the short ones first, one per microbatch, reach it
   o.vpp = 2;
   EXPECT_NEAR(lower_bound(six, one, cost, o), std::max(w + c, (6 * w + c) / 4 + 3 * (c + w) / 8), 1e-15);
   o.vpp = 1;
