@@ -106,6 +106,18 @@ class NodePicker {
   std::vector<std::set<std::pair<double, int>>> kth_;
 };
 
+// Indices of `w` in the shape of the best split of a pipeline's work into microbatches (the linear program of
+// tools/gen_pipeline_bound.py): the q = min(pp - 1, n / 4) lightest first in rising order, then the rest falling.
+std::vector<std::size_t> rise_then_fall(const std::vector<double>& w, int pp) {
+  std::vector<std::size_t> by(w.size());
+  std::iota(by.begin(), by.end(), std::size_t{0});
+  std::stable_sort(by.begin(), by.end(), [&](std::size_t x, std::size_t y) { return w[x] < w[y]; });
+  const std::size_t q = std::min<std::size_t>(static_cast<std::size_t>(std::max(pp - 1, 0)), w.size() / 4);
+  std::vector<std::size_t> out(by.begin(), by.begin() + static_cast<std::ptrdiff_t>(q));
+  for (std::size_t i = by.size(); i > q; --i) out.push_back(by[i - 1]);
+  return out;
+}
+
 class Builder {
  public:
   Builder(const Batch& b, const Cluster& c, const CostModel& m) : batch_(b), cluster_(c), cost_(m) {
@@ -359,6 +371,18 @@ class Builder {
     return tl.to_plan();
   }
 
+  /// The ring sequences of pipelined(target, mu) with their degrees (the rest go to `shorts`).
+  std::vector<Ring> pipelined_rings(double target, double mu, std::vector<std::size_t>& shorts) const {
+    std::vector<Ring> rings;
+    classify(order_, mu, 0, shorts, rings);
+    for (auto& ring : rings)
+      if (ring.t > mu) {  // mu is out of reach: the smallest degree within `target` x its fastest time
+        ring.d = degree_for(seqs_[ring.seq], target < 0 ? -target : target * ring.t);
+        ring.t = time1(seqs_[ring.seq], ring.d);
+      }
+    return rings;
+  }
+
   /// A pipelined plan with per-rank microbatch lists for microbatch target `mu`. Under 1F1B a rank whose
   /// microbatches take S seconds in all (all stages, forward and backward) and M at most finishes after about
   /// (S + (pp - 1) M) / pp (exact for equal microbatches; docs/strategies.md), so:
@@ -375,18 +399,12 @@ class Builder {
   /// degree within target x their fastest time; `target` < 0: within -target seconds. `order`: 0 the rank's own
   /// microbatches heaviest first after its rings; 1 in pyramid order; 2 pyramid order with the lightest one before the
   /// rings.
-  Plan pipelined(double target, double mu, int pp, int count, int order = 0, int lead = 0,
-                 double lead_frac = 0.5) const {
+  Plan pipelined(double target, double mu, int pp, int count, int order = 0, int lead = 0, double lead_frac = 0.5,
+                 bool align = false) const {
     const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
     const double c = cost_.group_overhead;
     std::vector<std::size_t> shorts;
-    std::vector<Ring> rings;
-    classify(order_, mu, 0, shorts, rings);
-    for (auto& ring : rings)
-      if (ring.t > mu) {  // mu is out of reach: the smallest degree within `target` x its fastest time
-        ring.d = degree_for(seqs_[ring.seq], target < 0 ? -target : target * ring.t);
-        ring.t = time1(seqs_[ring.seq], ring.d);
-      }
+    std::vector<Ring> rings = pipelined_rings(target, mu, shorts);
     std::stable_sort(rings.begin(), rings.end(), [](const Ring& a, const Ring& b) { return a.t * a.d > b.t * b.d; });
     std::vector<double> S(static_cast<std::size_t>(P), 0.0), M(static_cast<std::size_t>(P), 0.0);
     auto est = [&](std::size_t r) { return (S[r] + (pp - 1) * M[r]) / pp; };
@@ -407,8 +425,10 @@ class Builder {
         for (int r : ranks) round = std::max(round, rings_on[static_cast<std::size_t>(r)]);
         for (int r : ranks) {
           const auto u = static_cast<std::size_t>(r);
-          S[u] += ring.t, M[u] = std::max(M[u], ring.t), key[u] = est(u);
+          S[u] += ring.t, M[u] = std::max(M[u], ring.t);
           rings_on[u] = round + 1;
+          // align: ranks with fewer rings first (fewer rounds to fill with their own microbatches)
+          key[u] = (align ? 1e6 * rings_on[u] : 0.0) + est(u);
         }
         for (int node = ranks.front() / rpn; node <= ranks.back() / rpn; ++node) picker.update(node, key);
         ring_groups.push_back({std::move(ranks), seqs_[ring.seq].id, round, ring.t});
@@ -538,6 +558,20 @@ class Builder {
     // microbatches (largest first) there, so a ring sits at the same list index on all its ranks (no 1F1B
     // position mismatch between the ranks of a group). The remaining microbatches follow, largest first.
     // a rank needs one microbatch of its own for every round before its last ring in which it runs no ring
+    // Order 3 permutes the rounds (the same on every rank, so rings stay aligned) into the shape of the best split
+    // of a pipeline's work (tools/gen_pipeline_bound.py): a few light rounds rising first, then falling.
+    int rounds = 0;
+    for (const auto& g : ring_groups) rounds = std::max(rounds, g.round + 1);
+    std::vector<int> slot_of(static_cast<std::size_t>(rounds));
+    std::iota(slot_of.begin(), slot_of.end(), 0);
+    if (order == 3 && lead == 0 && rounds > 1) {
+      std::vector<double> weight(static_cast<std::size_t>(rounds), 0.0);
+      for (const auto& g : ring_groups)
+        weight[static_cast<std::size_t>(g.round)] = std::max(weight[static_cast<std::size_t>(g.round)], g.t);
+      const auto seq = rise_then_fall(weight, pp);
+      for (std::size_t i = 0; i < seq.size(); ++i) slot_of[seq[i]] = static_cast<int>(i);
+    }
+    for (auto& g : ring_groups) g.round = slot_of[static_cast<std::size_t>(g.round)];
     std::vector<int> need(static_cast<std::size_t>(P), 0), last_round(static_cast<std::size_t>(P), -1);
     {
       auto& last = last_round;
@@ -564,7 +598,25 @@ class Builder {
                   if (from < 0 || seqs_[b.seqs[k]].work < seqs_[bins[static_cast<std::size_t>(from)][fb].seqs[fk]].work)
                     from = o, fb = j, fk = k;
               }
-          if (from < 0) break;
+          if (from < 0) {
+            // else the lightest microbatch of the rank with the most to spare
+            int donor = -1;
+            for (int o = 0; o < P; ++o) {
+              const auto u = static_cast<std::size_t>(o);
+              const int spare = static_cast<int>(bins[u].size()) - std::max(need[u], 0);
+              if (o != r && spare > 1 &&
+                  (donor < 0 || spare > static_cast<int>(bins[static_cast<std::size_t>(donor)].size()) -
+                                            std::max(need[static_cast<std::size_t>(donor)], 0)))
+                donor = o;
+            }
+            if (donor < 0) break;
+            auto& db = bins[static_cast<std::size_t>(donor)];
+            const auto light =
+                std::min_element(db.begin(), db.end(), [](const Bin& x, const Bin& y) { return x.work < y.work; });
+            rb.push_back(std::move(*light));
+            db.erase(light);
+            continue;
+          }
           Bin fresh;
           move_item(bins[static_cast<std::size_t>(from)][fb], fk, fresh);
           rb.push_back(std::move(fresh));
@@ -594,9 +646,13 @@ class Builder {
                        [&](std::size_t x, std::size_t y) { return rb[x].work < rb[y].work; });
       std::vector<std::size_t> pyramid(rb.size());
       std::size_t lo = 0, hi = rb.size();
-      if (order == 0)
+      if (order == 0) {
         std::reverse_copy(by_work.begin(), by_work.end(), pyramid.begin());
-      else
+      } else if (order == 3) {
+        std::vector<double> w;
+        for (const auto& b : rb) w.push_back(b.work);
+        pyramid = rise_then_fall(w, pp);
+      } else
         for (std::size_t i = 0; i < by_work.size(); ++i) pyramid[i % 2 == 0 ? lo++ : --hi] = by_work[i];
       auto& l = lists[static_cast<std::size_t>(r)];
       std::size_t k = 0;
@@ -1018,6 +1074,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     for (double f : {1.0, 1.05, 1.12, 1.25}) targets.push_back(f), targets.push_back(-f * lb_pp);
     struct Trial {
       double score, target, mu;
+      bool align;
     };
     std::vector<Trial> trials;
     // Only the best plan that meets the count policy goes on to best_of (each is scored once here).
@@ -1026,8 +1083,8 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     auto keep = [&](Plan p, double t) {
       if (t < best_pipe_t && counts_ok(p, cluster.num_ranks, options)) best_pipe = std::move(p), best_pipe_t = t;
     };
-    auto add = [&](double target, double mu, int order, int lead, double frac) {
-      Plan p = b.pipelined(target, mu, options.pp, 0, order, lead, frac);
+    auto add = [&](double target, double mu, int order, int lead, double frac, bool align) {
+      Plan p = b.pipelined(target, mu, options.pp, 0, order, lead, frac, align);
       if (fixed_counts) {
         const int step = options.vpp > 1 ? options.pp : 1;
         std::vector<int> n = rank_counts(p, cluster.num_ranks);
@@ -1035,7 +1092,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
         std::set<int> counts;
         for (int t : {n[n.size() / 2], n.back()}) counts.insert((t + step - 1) / step * step);
         for (int t : counts) {
-          Plan q = b.pipelined(target, mu, options.pp, t, order, lead, frac);
+          Plan q = b.pipelined(target, mu, options.pp, t, order, lead, frac, align);
           if (counts_ok(q, cluster.num_ranks, options)) {
             const double tq = score(q, batch, cluster, cost, options);
             keep(std::move(q), tq);
@@ -1043,18 +1100,31 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
         }
       }
       const double t = score(p, batch, cluster, cost, options);
-      if (order == 0 && lead == 0) trials.push_back({t, target, mu});
+      if (order == 0 && lead == 0) trials.push_back({t, target, mu, align});
       keep(std::move(p), t);
     };
-    for (double target : targets)
-      for (int k = 0; k < kMuGrid; ++k)
-        add(target, lb_pp * std::pow(0.03, static_cast<double>(k) / (kMuGrid - 1)), 0, 0, 0.0);
-    // the best few again with pyramid orders
+    // Targets only change the degrees of rings that cannot reach mu: each distinct ring set is built once, with
+    // rings placed by estimate and with ranks of fewer rings first (align).
+    for (int k = 0; k < kMuGrid; ++k) {
+      const double mu = lb_pp * std::pow(0.03, static_cast<double>(k) / (kMuGrid - 1));
+      std::set<std::vector<std::pair<std::size_t, int>>> seen;
+      for (double target : targets) {
+        std::vector<std::size_t> shorts;
+        std::vector<std::pair<std::size_t, int>> sig;
+        for (const auto& r : b.pipelined_rings(target, mu, shorts)) sig.push_back({r.seq, r.d});
+        if (!seen.insert(sig).second) continue;
+        for (bool align : {false, true}) add(target, mu, 0, 0, 0.0, align);
+      }
+    }
+    // the best few again with lead microbatches and other orders
     std::stable_sort(trials.begin(), trials.end(), [](const Trial& x, const Trial& y) { return x.score < y.score; });
-    for (std::size_t i = 0; i < std::min<std::size_t>(trials.size(), 4); ++i)
+    for (std::size_t i = 0; i < std::min<std::size_t>(trials.size(), 4); ++i) {
+      const Trial& tr = trials[i];
       for (int order : {0, 1})
         for (int lead : {1, 2})
-          for (double frac : {0.3, 0.6, 1.0}) add(trials[i].target, trials[i].mu, order, lead, frac);
+          for (double frac : {0.3, 0.6, 1.0}) add(tr.target, tr.mu, order, lead, frac, tr.align);
+      add(tr.target, tr.mu, 3, 0, 0.0, tr.align);
+    }
     if (best_pipe) candidates.push_back(std::move(*best_pipe));
   }
   for (const auto& s : strategies())
