@@ -214,10 +214,13 @@ void bind_solve(py::module_& m) {
       py::arg("masks") = py::none());
   m.def(
       "lower_bound",
-      [](const py::object& lengths, const Cluster& cluster, const CostModel& cost, const py::object& masks) {
-        return solve::lower_bound(make_batch(lengths, masks), cluster, cost);
+      [](const py::object& lengths, const Cluster& cluster, const CostModel& cost, const py::object& masks, int pp,
+         int vpp) {
+        if (pp < 1 || vpp < 1) throw InvalidArgument("lower_bound: pp and vpp must be >= 1");
+        return solve::lower_bound(make_batch(lengths, masks), cluster, cost, pp, vpp);
       },
-      py::arg("lengths"), py::arg("cluster"), py::arg("cost"), py::arg("masks") = py::none());
+      py::arg("lengths"), py::arg("cluster"), py::arg("cost"), py::arg("masks") = py::none(), py::arg("pp") = 1,
+      py::arg("vpp") = 1);
 
   // Low-level pieces, exposed for tests and notebooks.
   m.def(

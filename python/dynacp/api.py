@@ -91,10 +91,18 @@ def lower_bound(
     cost: Optional[_core.CostModel] = None,
     *,
     masks: Optional[ArrayLike] = None,
+    pp: int = 1,
+    vpp: int = 1,
 ) -> float:
-    """Seconds no plan of this batch can beat: max(total work / P, best time of the longest sequence)."""
+    """Seconds no plan of this batch can beat on pipelines of ``pp`` stages (``vpp`` virtual chunks each).
+
+    pp = 1: max(total work / P + c, best time of the longest sequence, ...). pp > 1 adds the pipeline fill and
+    drain; for 1F1B (vpp = 1) also the best split of the mean work into microbatches and the longest sequence's
+    microbatch with the other work its ranks run (docs/cost_model.md). It equals ``plan(...).predicted.lower_bound``.
+    """
     arr = _as_lengths(lengths)
-    return _core.lower_bound(arr, cluster or _core.Cluster(), cost or _core.CostModel(), _as_masks(masks, arr.size))
+    return _core.lower_bound(arr, cluster or _core.Cluster(), cost or _core.CostModel(), _as_masks(masks, arr.size),
+                             int(pp), int(vpp))
 
 
 def _count_policy(value: Union[str, _core.CountPolicy]) -> _core.CountPolicy:

@@ -138,3 +138,18 @@ def test_degree_allocation_matches_exhaustive_search_from_python() -> None:
         for method in ("dp", "threshold"):
             degrees, makespan = dynacp._core.allocate_degrees(times, dmin, ranks, method)
             assert makespan == best and sum(degrees) <= ranks
+
+
+def test_lower_bound_matches_the_plans_bound_with_pipelines() -> None:
+    cluster, cost = small_cluster()
+    lengths = np.array([9000, 3000, 200, 50, 7000, 1, 4000, 4000])
+    for pp, vpp in [(1, 1), (2, 1), (4, 1)]:
+        p = dynacp.plan(lengths, cluster, cost, "dynacp", pp=pp, vpp=vpp)
+        assert dynacp.lower_bound(lengths, cluster, cost, pp=pp, vpp=vpp) == pytest.approx(p.predicted.lower_bound, rel=1e-12)
+        assert p.predicted.step_time >= p.predicted.lower_bound * (1 - 1e-12)
+    # a pipeline adds fill and drain on top of the per-stage share: pp = 4 bound > pp = 1 bound / 4
+    assert dynacp.lower_bound(lengths, cluster, cost, pp=4) > dynacp.lower_bound(lengths, cluster, cost) / 4
+    # interleaving shortens the fill and drain, and the 1F1B-only terms do not apply to it
+    assert dynacp.lower_bound(lengths, cluster, cost, pp=4, vpp=2) <= dynacp.lower_bound(lengths, cluster, cost, pp=4)
+    with pytest.raises(ValueError, match="pp and vpp"):
+        dynacp.lower_bound(lengths, cluster, cost, pp=0)
