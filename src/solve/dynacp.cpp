@@ -1045,13 +1045,21 @@ Plan reorder_slots(Plan plan, double t, const Batch& batch, const Cluster& clust
   for (bool better = true; better && spent < kBudget;) {
     better = false;
     for (std::size_t i = 0; i + 1 < n && spent < kBudget; ++i)
-      for (std::size_t j = i + 1; j < n && spent < kBudget; ++j) {
-        auto order = cur;
-        std::swap(order[i], order[j]);
-        ++spent;
-        const double s = score(permuted(order), batch, cluster, cost, options);
-        if (s < t - 1e-12) t = s, cur = std::move(order), better = true;
-      }
+      for (std::size_t j = i + 1; j < n && spent < kBudget; ++j)
+        for (int move = 0; move < 2 && spent < kBudget; ++move) {
+          // swap slots i and j, or move slot j to position i (the slots between shift by one)
+          auto order = cur;
+          if (move == 0)
+            std::swap(order[i], order[j]);
+          else if (j > i + 1)
+            std::rotate(order.begin() + static_cast<std::ptrdiff_t>(i), order.begin() + static_cast<std::ptrdiff_t>(j),
+                        order.begin() + static_cast<std::ptrdiff_t>(j) + 1);
+          else
+            continue;
+          ++spent;
+          const double s = score(permuted(order), batch, cluster, cost, options);
+          if (s < t - 1e-12) t = s, cur = std::move(order), better = true;
+        }
   }
   return permuted(cur);
 }
@@ -1124,10 +1132,16 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     };
     std::vector<Trial> trials;
     // Only the best plan that meets the count policy goes on to best_of (each is scored once here).
-    std::optional<Plan> best_pipe;
-    double best_pipe_t = std::numeric_limits<double>::infinity();
+    // The best few plans that meet the count policy (by score, ties by arrival) go on to the slot-order polish.
+    constexpr std::size_t kPolish = 3;
+    std::vector<std::pair<double, Plan>> best_pipes;
     auto keep = [&](Plan p, double t) {
-      if (t < best_pipe_t && counts_ok(p, cluster.num_ranks, options)) best_pipe = std::move(p), best_pipe_t = t;
+      if (!std::isfinite(t) || !counts_ok(p, cluster.num_ranks, options)) return;
+      if (best_pipes.size() == kPolish && t >= best_pipes.back().first) return;
+      auto at = std::upper_bound(best_pipes.begin(), best_pipes.end(), t,
+                                 [](double x, const std::pair<double, Plan>& e) { return x < e.first; });
+      best_pipes.insert(at, {t, std::move(p)});
+      if (best_pipes.size() > kPolish) best_pipes.pop_back();
     };
     auto add = [&](double target, double mu, int order, int lead, double frac, bool align) {
       Plan p = b.pipelined(target, mu, options.pp, 0, order, lead, frac, align);
@@ -1171,8 +1185,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
           for (double frac : {0.3, 0.6, 1.0}) add(tr.target, tr.mu, order, lead, frac, tr.align);
       add(tr.target, tr.mu, 3, 0, 0.0, tr.align);
     }
-    if (best_pipe)
-      candidates.push_back(reorder_slots(std::move(*best_pipe), best_pipe_t, batch, cluster, cost, options));
+    for (auto& [t, p] : best_pipes) candidates.push_back(reorder_slots(std::move(p), t, batch, cluster, cost, options));
   }
   for (const auto& s : strategies())
     if (std::string(s.name) != "dynacp") candidates.push_back(s.fn(batch, cluster, cost, options));
