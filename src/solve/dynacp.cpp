@@ -388,7 +388,8 @@ class Builder {
   /// (S + (pp - 1) M) / pp (exact for equal microbatches; docs/strategies.md), so:
   ///   1. ring sequences (dmin > 1 or slower than mu on one rank) take the smallest degree that reaches mu (their
   ///      fastest degree, or the one within `target`, if none does) and go, largest area first, onto the
-  ///      node-contiguous ranks with the least estimate so far;
+  ///      node-contiguous ranks with the least estimate so far (`align`: with the fewest rings, then the least
+  ///      estimate);
   ///   2. the other sequences, longest work first, go to the rank with the least estimate, into its open
   ///      microbatch while that stays within mu and the token capacity, else into a new one;
   ///   3. a local search moves single sequences from the rank with the largest estimate to the smallest.
@@ -397,8 +398,9 @@ class Builder {
   /// is then brought to `count` microbatches where the data allows (split the heaviest multi-sequence microbatch, or
   /// merge the two lightest that fit together). `target` > 0: ring sequences that cannot reach mu take the smallest
   /// degree within target x their fastest time; `target` < 0: within -target seconds. `order`: 0 the rank's own
-  /// microbatches heaviest first after its rings; 1 in pyramid order; 2 pyramid order with the lightest one before the
-  /// rings.
+  /// microbatches heaviest first; 1 (or 2) in pyramid order; 3 rise then fall, rounds permuted alike (rise_then_fall).
+  /// `lead` > 0: the ranks of each first-round ring first run `lead` microbatches of their own, each packed to
+  /// lead_frac x the ring's time / lead (equal prefixes, so they reach the ring together).
   Plan pipelined(double target, double mu, int pp, int count, int order = 0, int lead = 0, double lead_frac = 0.5,
                  bool align = false) const {
     const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
