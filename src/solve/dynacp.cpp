@@ -1178,6 +1178,14 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
         for (bool align : {false, true}) add(target, mu, 0, 0, 0.0, align);
       }
     }
+    // refine mu between the best grid point's neighbours (a third and two thirds of a grid step either way)
+    if (!trials.empty()) {
+      const Trial best = *std::min_element(trials.begin(), trials.end(),
+                                           [](const Trial& x, const Trial& y) { return x.score < y.score; });
+      const double step = std::pow(0.03, 1.0 / (kMuGrid - 1));
+      for (double f : {-2.0 / 3, -1.0 / 3, 1.0 / 3, 2.0 / 3})
+        add(best.target, best.mu * std::pow(step, f), 0, 0, 0.0, best.align);
+    }
     // the best few again with lead microbatches and other orders
     std::stable_sort(trials.begin(), trials.end(), [](const Trial& x, const Trial& y) { return x.score < y.score; });
     for (std::size_t i = 0; i < std::min<std::size_t>(trials.size(), 4); ++i) {
