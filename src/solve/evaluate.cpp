@@ -110,7 +110,9 @@ PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& clu
           const double mid = 0.5 * (lo + hi);
           (host(mid) < rest(mid) ? lo : hi) = mid;
         }
-        best = std::min(best, std::min(host(hi), rest(lo)));  // the crossing lies in [lo, hi]
+        // The crossing lies in [lo, hi]: left of it max >= rest(lo), right of it >= host(hi), inside it >=
+        // max(host(lo), rest(hi)), which is the smallest of the three.
+        best = std::min(best, std::max(host(lo), rest(hi)));
       }
       if (std::isfinite(best)) critical = std::max(critical, best);
     }
