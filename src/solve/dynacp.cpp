@@ -118,6 +118,23 @@ std::vector<std::size_t> rise_then_fall(const std::vector<double>& w, int pp) {
   return out;
 }
 
+// The order a rank runs its own microbatches in, given their work: 0 heaviest first; 3 rise_then_fall; otherwise
+// pyramid (lightest first and last, heaviest in the middle). Ties keep index order (reversed for heaviest first).
+std::vector<std::size_t> own_order(const std::vector<double>& w, int order, int pp) {
+  if (order == 3) return rise_then_fall(w, pp);
+  std::vector<std::size_t> by(w.size());
+  std::iota(by.begin(), by.end(), std::size_t{0});
+  std::stable_sort(by.begin(), by.end(), [&](std::size_t x, std::size_t y) { return w[x] < w[y]; });
+  std::vector<std::size_t> out(by.size());
+  if (order == 0) {
+    std::reverse_copy(by.begin(), by.end(), out.begin());
+  } else {
+    std::size_t lo = 0, hi = by.size();
+    for (std::size_t i = 0; i < by.size(); ++i) out[i % 2 == 0 ? lo++ : --hi] = by[i];
+  }
+  return out;
+}
+
 class Builder {
  public:
   Builder(const Batch& b, const Cluster& c, const CostModel& m) : batch_(b), cluster_(c), cost_(m) {
@@ -557,11 +574,10 @@ class Builder {
       fixed[static_cast<std::size_t>(r)] += static_cast<int>(pre[static_cast<std::size_t>(r)].size());
     if (count > 0) equalize_counts(bins, fixed, count);
     // Emission in rounds: round k holds the rings placed in it, and every other rank runs one of its own
-    // microbatches (largest first) there, so a ring sits at the same list index on all its ranks (no 1F1B
-    // position mismatch between the ranks of a group). The remaining microbatches follow, largest first.
-    // a rank needs one microbatch of its own for every round before its last ring in which it runs no ring
-    // Order 3 permutes the rounds (the same on every rank, so rings stay aligned) into the shape of the best split
-    // of a pipeline's work (tools/gen_pipeline_bound.py): a few light rounds rising first, then falling.
+    // microbatches there, so a ring sits at the same list index on all its ranks (no 1F1B position mismatch between
+    // the ranks of a group). Order 3 first permutes the rounds (the same on every rank, so rings stay aligned) into
+    // the shape of the best split of a pipeline's work (tools/gen_pipeline_bound.py): light rounds rising, then
+    // falling.
     int rounds = 0;
     for (const auto& g : ring_groups) rounds = std::max(rounds, g.round + 1);
     std::vector<int> slot_of(static_cast<std::size_t>(rounds));
@@ -574,6 +590,7 @@ class Builder {
       for (std::size_t i = 0; i < seq.size(); ++i) slot_of[seq[i]] = static_cast<int>(i);
     }
     for (auto& g : ring_groups) g.round = slot_of[static_cast<std::size_t>(g.round)];
+    // A rank needs one microbatch of its own for every list index before its last ring that holds no ring of it.
     std::vector<int> need(static_cast<std::size_t>(P), 0), last_round(static_cast<std::size_t>(P), -1);
     {
       auto& last = last_round;
@@ -602,14 +619,11 @@ class Builder {
               }
           if (from < 0) {
             // else the lightest microbatch of the rank with the most to spare
-            int donor = -1;
+            int donor = -1, most = 1;
             for (int o = 0; o < P; ++o) {
               const auto u = static_cast<std::size_t>(o);
               const int spare = static_cast<int>(bins[u].size()) - std::max(need[u], 0);
-              if (o != r && spare > 1 &&
-                  (donor < 0 || spare > static_cast<int>(bins[static_cast<std::size_t>(donor)].size()) -
-                                            std::max(need[static_cast<std::size_t>(donor)], 0)))
-                donor = o;
+              if (o != r && spare > most) donor = o, most = spare;
             }
             if (donor < 0) break;
             auto& db = bins[static_cast<std::size_t>(donor)];
@@ -641,26 +655,14 @@ class Builder {
         l[at] = {1, g};
       }
     for (int r = 0; r < P; ++r) {
-      auto& rb = bins[static_cast<std::size_t>(r)];
-      std::vector<std::size_t> by_work(rb.size());
-      std::iota(by_work.begin(), by_work.end(), std::size_t{0});
-      std::stable_sort(by_work.begin(), by_work.end(),
-                       [&](std::size_t x, std::size_t y) { return rb[x].work < rb[y].work; });
-      std::vector<std::size_t> pyramid(rb.size());
-      std::size_t lo = 0, hi = rb.size();
-      if (order == 0) {
-        std::reverse_copy(by_work.begin(), by_work.end(), pyramid.begin());
-      } else if (order == 3) {
-        std::vector<double> w;
-        for (const auto& b : rb) w.push_back(b.work);
-        pyramid = rise_then_fall(w, pp);
-      } else
-        for (std::size_t i = 0; i < by_work.size(); ++i) pyramid[i % 2 == 0 ? lo++ : --hi] = by_work[i];
+      std::vector<double> w;
+      for (const auto& b : bins[static_cast<std::size_t>(r)]) w.push_back(b.work);
+      const std::vector<std::size_t> seq = own_order(w, order, pp);
       auto& l = lists[static_cast<std::size_t>(r)];
       std::size_t k = 0;
       for (auto& slot : l)
-        if (slot.first < 0 && k < pyramid.size()) slot = {0, pyramid[k++]};
-      while (k < pyramid.size()) l.push_back({0, pyramid[k++]});
+        if (slot.first < 0 && k < seq.size()) slot = {0, seq[k++]};
+      while (k < seq.size()) l.push_back({0, seq[k++]});
     }
     TimelineBuilder tl(batch_, cluster_, cost_);
     std::size_t longest = 0;
@@ -1122,7 +1124,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       for (double edge : {1.0, 0.3}) candidates.push_back(b.slotted(m, edge));
     // Per-rank microbatch lists for a geometric grid of microbatch targets below the pipelined lower bound.
     // (the grid is scaled by the bound without its critical-sequence term, which says little about microbatch sizes)
-    const auto bt = pipelined_bound_terms(batch, cluster, cost, options.pp, options.vpp);
+    const auto bt = pipelined_bound_terms(batch, cluster, cost, options.pp, options.vpp, false);
     const double lb_pp = std::max({bt.single, bt.wide, bt.average, 1e-12});
     const bool fixed_counts = options.count_policy == CountPolicy::Equal || options.vpp > 1;
     constexpr int kMuGrid = 8;

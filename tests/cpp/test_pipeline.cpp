@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <random>
 #include <tuple>
 
@@ -23,6 +24,32 @@ constexpr double kRel = 1e-9;
 void expect_rel(double got, double want, const std::string& what) {
   const double scale = std::max(std::abs(want), 1e-300);
   EXPECT_LE(std::abs(got - want) / scale, kRel) << what << ": got " << got << " want " << want;
+}
+
+/// m microbatch times u^power, u uniform in [0, 1): power > 1 mixes a few large microbatches with many small ones.
+std::vector<double> random_times(std::mt19937_64& rng, int m, double power) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<double> t(static_cast<std::size_t>(m));
+  for (auto& x : t) x = std::pow(u(rng), power);
+  return t;
+}
+
+/// The simulated 1F1B makespan of one rank running microbatches of the given times (all stages, forward and
+/// backward): t / (3 pp) forward and 2 t / (3 pp) backward on each stage, the split the planner uses.
+double one_rank(const std::vector<double>& times, int pp) {
+  PipelineProblem p;
+  p.num_ranks = 1;
+  p.pp = pp;
+  p.vpp = 1;
+  p.rank_microbatches.assign(1, {});
+  for (std::size_t i = 0; i < times.size(); ++i) {
+    p.rank_microbatches[0].push_back(static_cast<int>(i));
+    p.group_ranks.push_back({0});
+    p.group_forward.push_back(times[i] / (3.0 * pp));
+    p.group_backward.push_back(2.0 * times[i] / (3.0 * pp));
+    p.group_memory.push_back(0.0);
+  }
+  return simulate(p).step_time;
 }
 
 /// P independent pipelines (no CP sharing), m uniform microbatches each.
@@ -301,46 +328,13 @@ TEST(Pipeline, PeakMemoryOneFOneB) {
   EXPECT_DOUBLE_EQ(simulate(p).peak_memory[0], 0.0);  // empty memory vector = zero bytes
 }
 
-// solve::one_f_one_b is the simulator on one rank with f = t / (3 pp), b = 2 t / (3 pp), in closed form for
-// uniform microbatches, by hand on a small case, and on random lists against the simulator.
-TEST(Pipeline, OneRankMakespanMatchesSimulator) {
-  expect_rel(solve::one_f_one_b(std::vector<double>(6, 3.0), 4), (6 + 3) * 3.0 / 4, "uniform closed form");
-  // pp = 2, times 3 and 6: stage 0 runs F0 [0, .5] F1 [.5, 1.5] B0 [2, 3] B1 [5, 7]; stage 1 runs F0 [.5, 1]
-  // B0 [1, 2] F1 [2, 3] B1 [3, 5].
-  EXPECT_DOUBLE_EQ(solve::one_f_one_b(std::vector<double>{3.0, 6.0}, 2), 7.0);
-  EXPECT_DOUBLE_EQ(solve::one_f_one_b(std::vector<double>{}, 4), 0.0);
-  EXPECT_THROW(solve::one_f_one_b(std::vector<double>{1.0}, 0), InvalidArgument);
-  EXPECT_THROW(solve::one_f_one_b(std::vector<double>{1.0, -1.0}, 2), InvalidArgument);
-  std::mt19937_64 rng(11);
-  std::uniform_real_distribution<double> u(0.0, 2.0);
-  for (int trial = 0; trial < 300; ++trial) {
-    const int pp = 1 + static_cast<int>(rng() % 6), m = 1 + static_cast<int>(rng() % 20);
-    std::vector<double> t(static_cast<std::size_t>(m));
-    for (auto& x : t) x = u(rng) * u(rng);
-    PipelineProblem p;
-    p.num_ranks = 1;
-    p.pp = pp;
-    p.vpp = 1;
-    p.rank_microbatches.assign(1, {});
-    for (int i = 0; i < m; ++i) {
-      p.rank_microbatches[0].push_back(i);
-      p.group_ranks.push_back({0});
-      p.group_forward.push_back(t[static_cast<std::size_t>(i)] / (3.0 * pp));
-      p.group_backward.push_back(2.0 * t[static_cast<std::size_t>(i)] / (3.0 * pp));
-      p.group_memory.push_back(0.0);
-    }
-    expect_rel(solve::one_f_one_b(t, pp), simulate(p).step_time,
-               "pp " + std::to_string(pp) + " m " + std::to_string(m));
-  }
-}
-
 // one_f_one_b_floor(m, pp) S / pp never exceeds the 1F1B makespan of m microbatches taking S in all, and is reached
 // by the linear program's optimal split: pp = 2, m = 3, times 1/3, 1, 2/3 (S = 2) take 23/18 against 4/3 for three
 // equal ones.
 TEST(Pipeline, OneFOneBFloorIsALowerBoundAndTight) {
   for (int pp = 1; pp <= 8; ++pp) EXPECT_NEAR(solve::one_f_one_b_floor(1, pp), pp, 1e-5);
   const std::vector<double> best{1.0 / 3, 1.0, 2.0 / 3};
-  EXPECT_NEAR(solve::one_f_one_b(best, 2), 23.0 / 18, 1e-12);
+  EXPECT_NEAR(one_rank(best, 2), 23.0 / 18, 1e-12);
   EXPECT_LE(solve::one_f_one_b_floor(3, 2) * 2.0 / 2, 23.0 / 18);
   EXPECT_GE(solve::one_f_one_b_floor(3, 2) * 2.0 / 2, 23.0 / 18 - 1e-5);
   // below the equal split for m >= 2 (unequal splits are faster), and 1 beyond the table
@@ -349,14 +343,11 @@ TEST(Pipeline, OneFOneBFloorIsALowerBoundAndTight) {
   EXPECT_DOUBLE_EQ(solve::one_f_one_b_floor(3, 17), 1.0);
   EXPECT_THROW(solve::one_f_one_b_floor(0, 4), InvalidArgument);
   std::mt19937_64 rng(5);
-  std::uniform_real_distribution<double> u(0.0, 1.0);
   for (int trial = 0; trial < 2000; ++trial) {
     const int pp = 2 + static_cast<int>(rng() % 7), m = 1 + static_cast<int>(rng() % 24);
-    std::vector<double> t(static_cast<std::size_t>(m));
-    double S = 0.0;
-    for (auto& x : t) S += (x = trial % 2 ? u(rng) : std::pow(u(rng), 4.0));
-    EXPECT_GE(solve::one_f_one_b(t, pp), solve::one_f_one_b_floor(m, pp) * S / pp * (1 - 1e-12))
-        << "pp " << pp << " m " << m;
+    const std::vector<double> t = random_times(rng, m, trial % 2 ? 1.0 : 4.0);
+    const double S = std::accumulate(t.begin(), t.end(), 0.0);
+    EXPECT_GE(one_rank(t, pp), solve::one_f_one_b_floor(m, pp) * S / pp * (1 - 1e-12)) << "pp " << pp << " m " << m;
   }
 }
 
@@ -365,16 +356,14 @@ TEST(Pipeline, OneFOneBFloorIsALowerBoundAndTight) {
 // backwards of the previous pp - 1 (2/3) may overlap it, so the makespan is >= t_j + (S - t_j) / (3 pp). A light
 // microbatch first and the heavy one second reaches it: 12 + 1/12 for times 1 and 12 at pp = 4.
 TEST(Pipeline, OneFOneBRoundTripChain) {
-  EXPECT_NEAR(solve::one_f_one_b(std::vector<double>{1.0, 12.0}, 4), 12.0 + 1.0 / 12, 1e-12);
-  EXPECT_NEAR(solve::one_f_one_b(std::vector<double>{12.0, 1.0}, 4), 12.0 + 2.0 / 12, 1e-12);
+  EXPECT_NEAR(one_rank(std::vector<double>{1.0, 12.0}, 4), 12.0 + 1.0 / 12, 1e-12);
+  EXPECT_NEAR(one_rank(std::vector<double>{12.0, 1.0}, 4), 12.0 + 2.0 / 12, 1e-12);
   std::mt19937_64 rng(9);
-  std::uniform_real_distribution<double> u(0.0, 1.0);
   for (int trial = 0; trial < 2000; ++trial) {
     const int pp = 2 + static_cast<int>(rng() % 7), m = 1 + static_cast<int>(rng() % 16);
-    std::vector<double> t(static_cast<std::size_t>(m));
-    double S = 0.0;
-    for (auto& x : t) S += (x = std::pow(u(rng), 3.0));
-    const double got = solve::one_f_one_b(t, pp);
+    const std::vector<double> t = random_times(rng, m, 3.0);
+    const double S = std::accumulate(t.begin(), t.end(), 0.0);
+    const double got = one_rank(t, pp);
     for (double tj : t) EXPECT_GE(got, (tj + (S - tj) / (3.0 * pp)) * (1 - 1e-12)) << "pp " << pp << " m " << m;
   }
 }

@@ -30,8 +30,9 @@ struct PipelinedBoundTerms {
   double critical = 0.0;  ///< vpp = 1: the hardest sequence's microbatch with the other work of its ranks
 };
 /// The terms of the pipelined lower_bound (which is their maximum); pp = 1 gives the plain terms, critical 0.
+/// with_critical = false skips the critical term (left 0), the costly one, for callers that do not need it.
 PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp,
-                                          int vpp = 1);
+                                          int vpp = 1, bool with_critical = true);
 
 struct LowerBoundTerms {
   double average = 0.0;    ///< sum of work / P + c (every rank in use pays one group overhead)

@@ -1,6 +1,5 @@
 // Pipeline-aware microbatching helpers after the Megatron Dynamic-CP blog (seed 002, eqs. 1-3 and figure 7).
 #pragma once
-#include <span>
 #include <vector>
 
 namespace dynacp::solve {
@@ -15,18 +14,12 @@ std::vector<double> workload_quotas(double total, const std::vector<int>& counts
 /// Returns the first grid m whose next grid point lowers the budget by less than `flat` (relative), else the last.
 int knee_microbatches(double total, double largest, int ranks, int pp, int kmax, double flat = 0.1);
 
-/// Makespan of one pipeline of `pp` stages running microbatches of the given times (seconds over all stages,
-/// forward and backward) in list order under Megatron-Core's 1F1B schedule (vpp = 1): a microbatch takes t / (3 pp)
-/// forward and 2 t / (3 pp) backward on each stage. This is the pipeline simulator's answer for a rank whose groups
-/// wait for no other rank, computed in O(pp m) without building a problem; the dynacp builder ranks microbatch
-/// lists with it. Throws on pp < 1 or a negative time.
-double one_f_one_b(std::span<const double> times, int pp);
-
 /// A factor h(m, pp) such that m microbatches taking S seconds in all (any split) cannot finish faster than
-/// h S / pp under one_f_one_b: the optimum of the linear program over all splits (tools/gen_pipeline_bound.py,
-/// tabulated for pp <= 16, m <= 64 and rounded down), else 1 (every stage runs S / pp). h(1, pp) = pp, and h falls
-/// towards 1 as m grows but stays above the equal-split value only for small m: unequal splits (small microbatches
-/// first and last) beat equal ones by up to ~8%. Throws on m < 1 or pp < 1.
+/// h S / pp on one pipeline of pp stages under Megatron-Core's 1F1B schedule (t / (3 pp) forward and 2 t / (3 pp)
+/// backward per stage, as the simulator splits them): the optimum of the linear program over all splits
+/// (tools/gen_pipeline_bound.py), tabulated for pp <= 16, m <= 64 and rounded down, else 1 (every stage runs S / pp).
+/// h(1, pp) = pp; for m >= 2 it lies below the equal-split value (m + pp - 1) / m, by up to ~8%, because a light
+/// first microbatch, rising to the heaviest and then falling, beats equal ones. Throws on m < 1 or pp < 1.
 double one_f_one_b_floor(int m, int pp);
 
 }  // namespace dynacp::solve
