@@ -520,10 +520,17 @@ class Builder {
     // (equal prefixes, so no rank waits for another).
     std::vector<std::vector<Bin>> pre(static_cast<std::size_t>(P));
     if (lead > 0) {
-      for (const auto& g : ring_groups) {
-        if (g.round != 0) continue;
-        const double room0 = lead_frac * g.t / lead - c;
-        for (int r : g.ranks) {
+      // lead_frac > 0: the ranks of first-round rings, `lead` bins of lead_frac x the ring's time / lead each.
+      // lead_frac < 0 (profile): every rank, bins rising geometrically by -lead_frac towards the rank's first-round
+      // ring time (else mu), the rising start of the best split (tools/gen_pipeline_bound.py); a bin that nothing
+      // fits takes the rank's lightest sequence.
+      std::vector<double> unit(static_cast<std::size_t>(P), lead_frac < 0 ? mu : -1.0);
+      for (const auto& g : ring_groups)
+        if (g.round == 0)
+          for (int r : g.ranks) unit[static_cast<std::size_t>(r)] = lead_frac < 0 ? g.t : lead_frac * g.t / lead;
+      for (int r = 0; r < P; ++r) {
+        if (unit[static_cast<std::size_t>(r)] < 0) continue;
+        {
           auto& rb = bins[static_cast<std::size_t>(r)];
           std::vector<std::pair<std::size_t, std::size_t>> items;  // (bin, position), largest work first
           for (std::size_t j = 0; j < rb.size(); ++j)
@@ -532,15 +539,21 @@ class Builder {
             return seqs_[rb[x.first].seqs[x.second]].work > seqs_[rb[y.first].seqs[y.second]].work;
           });
           std::vector<char> taken(items.size(), 0);
+          const double u = unit[static_cast<std::size_t>(r)];
           for (int l = 0; l < lead; ++l) {
             Bin nb;
-            double room = room0;
+            double room = (lead_frac < 0 ? u * std::pow(-lead_frac, lead - l) : u) - c;
             for (std::size_t i = 0; i < items.size(); ++i) {
               const Seq& q = seqs_[rb[items[i].first].seqs[items[i].second]];
               if (taken[i] || q.work > room || nb.tokens + q.len > cap_) continue;
               nb.seqs.push_back(rb[items[i].first].seqs[items[i].second]), nb.tokens += q.len, nb.work += q.work;
               room -= q.work, taken[i] = 1;
             }
+            for (std::size_t i = items.size(); lead_frac < 0 && nb.seqs.empty() && i-- > 0;)
+              if (!taken[i]) {  // the lightest left (items are heaviest first)
+                const std::size_t s = rb[items[i].first].seqs[items[i].second];
+                nb.seqs.push_back(s), nb.tokens += seqs_[s].len, nb.work += seqs_[s].work, taken[i] = 1;
+              }
             if (!nb.seqs.empty()) pre[static_cast<std::size_t>(r)].push_back(std::move(nb));
           }
           std::vector<Bin> rest(rb.size());
@@ -1137,15 +1150,18 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     std::vector<Trial> trials;
     // Only the best plan that meets the count policy goes on to best_of (each is scored once here).
     // The best few plans that meet the count policy (by score, ties by arrival) go on to the slot-order polish.
-    constexpr std::size_t kPolish = 3;
-    std::vector<std::pair<double, Plan>> best_pipes;
-    auto keep = [&](Plan p, double t) {
+    // Profile-lead plans (lead_frac < 0) compete for a polish place of their own, so they never push out the others.
+    constexpr std::size_t kPolish = 3, kPolishProfile = 2;
+    std::vector<std::pair<double, Plan>> best_pipes, best_profile;
+    auto keep = [&](Plan p, double t, bool profile) {
       if (!std::isfinite(t) || !counts_ok(p, cluster.num_ranks, options)) return;
-      if (best_pipes.size() == kPolish && t >= best_pipes.back().first) return;
-      auto at = std::upper_bound(best_pipes.begin(), best_pipes.end(), t,
+      auto& pool = profile ? best_profile : best_pipes;
+      const std::size_t room = profile ? kPolishProfile : kPolish;
+      if (pool.size() == room && t >= pool.back().first) return;
+      auto at = std::upper_bound(pool.begin(), pool.end(), t,
                                  [](double x, const std::pair<double, Plan>& e) { return x < e.first; });
-      best_pipes.insert(at, {t, std::move(p)});
-      if (best_pipes.size() > kPolish) best_pipes.pop_back();
+      pool.insert(at, {t, std::move(p)});
+      if (pool.size() > room) pool.pop_back();
     };
     auto add = [&](double target, double mu, int order, int lead, double frac, bool align) {
       Plan p = b.pipelined(target, mu, options.pp, 0, order, lead, frac, align);
@@ -1159,13 +1175,13 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
           Plan q = b.pipelined(target, mu, options.pp, t, order, lead, frac, align);
           if (counts_ok(q, cluster.num_ranks, options)) {
             const double tq = score(q, batch, cluster, cost, options);
-            keep(std::move(q), tq);
+            keep(std::move(q), tq, frac < 0);
           }
         }
       }
       const double t = score(p, batch, cluster, cost, options);
       if (order == 0 && lead == 0) trials.push_back({t, target, mu, align});
-      keep(std::move(p), t);
+      keep(std::move(p), t, frac < 0);
     };
     // Targets only change the degrees of rings that cannot reach mu: each distinct ring set is built once, with
     // rings placed by estimate and with ranks of fewer rings first (align).
@@ -1196,8 +1212,11 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
         for (int lead : {1, 2})
           for (double frac : {0.3, 0.6, 1.0}) add(tr.target, tr.mu, order, lead, frac, tr.align);
       add(tr.target, tr.mu, 3, 0, 0.0, tr.align);
+      for (int order : {0, 1})
+        for (double ratio : {0.5, 0.75}) add(tr.target, tr.mu, order, options.pp - 1, -ratio, tr.align);
     }
-    for (auto& [t, p] : best_pipes) candidates.push_back(reorder_slots(std::move(p), t, batch, cluster, cost, options));
+    for (auto* pool : {&best_pipes, &best_profile})
+      for (auto& [t, p] : *pool) candidates.push_back(reorder_slots(std::move(p), t, batch, cluster, cost, options));
   }
   for (const auto& s : strategies())
     if (std::string(s.name) != "dynacp") candidates.push_back(s.fn(batch, cluster, cost, options));
