@@ -417,7 +417,9 @@ class Builder {
   /// degree within target x their fastest time; `target` < 0: within -target seconds. `order`: 0 the rank's own
   /// microbatches heaviest first; 1 (or 2) in pyramid order; 3 rise then fall, rounds permuted alike (rise_then_fall).
   /// `lead` > 0: the ranks of each first-round ring first run `lead` microbatches of their own, each packed to
-  /// lead_frac x the ring's time / lead (equal prefixes, so they reach the ring together).
+  /// lead_frac x the ring's time / lead (equal prefixes, so they reach the ring together); lead_frac < 0 (profile
+  /// lead): every rank first runs `lead` microbatches rising by the ratio -lead_frac towards its first-round ring's
+  /// time, else mu.
   Plan pipelined(double target, double mu, int pp, int count, int order = 0, int lead = 0, double lead_frac = 0.5,
                  bool align = false) const {
     const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
@@ -530,43 +532,41 @@ class Builder {
           for (int r : g.ranks) unit[static_cast<std::size_t>(r)] = lead_frac < 0 ? g.t : lead_frac * g.t / lead;
       for (int r = 0; r < P; ++r) {
         if (unit[static_cast<std::size_t>(r)] < 0) continue;
-        {
-          auto& rb = bins[static_cast<std::size_t>(r)];
-          std::vector<std::pair<std::size_t, std::size_t>> items;  // (bin, position), largest work first
-          for (std::size_t j = 0; j < rb.size(); ++j)
-            for (std::size_t k = 0; k < rb[j].seqs.size(); ++k) items.push_back({j, k});
-          std::stable_sort(items.begin(), items.end(), [&](const auto& x, const auto& y) {
-            return seqs_[rb[x.first].seqs[x.second]].work > seqs_[rb[y.first].seqs[y.second]].work;
-          });
-          std::vector<char> taken(items.size(), 0);
-          const double u = unit[static_cast<std::size_t>(r)];
-          for (int l = 0; l < lead; ++l) {
-            Bin nb;
-            double room = (lead_frac < 0 ? u * std::pow(-lead_frac, lead - l) : u) - c;
-            for (std::size_t i = 0; i < items.size(); ++i) {
-              const Seq& q = seqs_[rb[items[i].first].seqs[items[i].second]];
-              if (taken[i] || q.work > room || nb.tokens + q.len > cap_) continue;
-              nb.seqs.push_back(rb[items[i].first].seqs[items[i].second]), nb.tokens += q.len, nb.work += q.work;
-              room -= q.work, taken[i] = 1;
-            }
-            for (std::size_t i = items.size(); lead_frac < 0 && nb.seqs.empty() && i-- > 0;)
-              if (!taken[i]) {  // the lightest left (items are heaviest first)
-                const std::size_t s = rb[items[i].first].seqs[items[i].second];
-                nb.seqs.push_back(s), nb.tokens += seqs_[s].len, nb.work += seqs_[s].work, taken[i] = 1;
-              }
-            if (!nb.seqs.empty()) pre[static_cast<std::size_t>(r)].push_back(std::move(nb));
-          }
-          std::vector<Bin> rest(rb.size());
+        auto& rb = bins[static_cast<std::size_t>(r)];
+        std::vector<std::pair<std::size_t, std::size_t>> items;  // (bin, position), largest work first
+        for (std::size_t j = 0; j < rb.size(); ++j)
+          for (std::size_t k = 0; k < rb[j].seqs.size(); ++k) items.push_back({j, k});
+        std::stable_sort(items.begin(), items.end(), [&](const auto& x, const auto& y) {
+          return seqs_[rb[x.first].seqs[x.second]].work > seqs_[rb[y.first].seqs[y.second]].work;
+        });
+        std::vector<char> taken(items.size(), 0);
+        const double u = unit[static_cast<std::size_t>(r)];
+        for (int l = 0; l < lead; ++l) {
+          Bin nb;
+          double room = (lead_frac < 0 ? u * std::pow(-lead_frac, lead - l) : u) - c;
           for (std::size_t i = 0; i < items.size(); ++i) {
-            if (taken[i]) continue;
-            const std::size_t s = rb[items[i].first].seqs[items[i].second];
-            Bin& b = rest[items[i].first];
-            b.seqs.push_back(s), b.tokens += seqs_[s].len, b.work += seqs_[s].work;
+            const Seq& q = seqs_[rb[items[i].first].seqs[items[i].second]];
+            if (taken[i] || q.work > room || nb.tokens + q.len > cap_) continue;
+            nb.seqs.push_back(rb[items[i].first].seqs[items[i].second]), nb.tokens += q.len, nb.work += q.work;
+            room -= q.work, taken[i] = 1;
           }
-          for (auto& b : rest) std::sort(b.seqs.begin(), b.seqs.end());
-          std::erase_if(rest, [](const Bin& b) { return b.seqs.empty(); });
-          rb = std::move(rest);
+          for (std::size_t i = items.size(); lead_frac < 0 && nb.seqs.empty() && i-- > 0;)
+            if (!taken[i]) {  // the lightest left (items are heaviest first)
+              const std::size_t s = rb[items[i].first].seqs[items[i].second];
+              nb.seqs.push_back(s), nb.tokens += seqs_[s].len, nb.work += seqs_[s].work, taken[i] = 1;
+            }
+          if (!nb.seqs.empty()) pre[static_cast<std::size_t>(r)].push_back(std::move(nb));
         }
+        std::vector<Bin> rest(rb.size());
+        for (std::size_t i = 0; i < items.size(); ++i) {
+          if (taken[i]) continue;
+          const std::size_t s = rb[items[i].first].seqs[items[i].second];
+          Bin& b = rest[items[i].first];
+          b.seqs.push_back(s), b.tokens += seqs_[s].len, b.work += seqs_[s].work;
+        }
+        for (auto& b : rest) std::sort(b.seqs.begin(), b.seqs.end());
+        std::erase_if(rest, [](const Bin& b) { return b.seqs.empty(); });
+        rb = std::move(rest);
       }
       // the ring moves only if every first-round ring rank got its `lead` microbatches
       bool ok = true;
@@ -1143,6 +1143,14 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     constexpr int kMuGrid = 8;
     std::vector<double> targets;
     for (double f : {1.0, 1.05, 1.12, 1.25}) targets.push_back(f), targets.push_back(-f * lb_pp);
+    // Extra targets near the whole bound, whose critical and shared terms say how far the hardest rings must widen.
+    std::vector<double> extra_targets;
+    {
+      const auto full = pipelined_bound_terms(batch, cluster, cost, options.pp, options.vpp);
+      const double lb_full = std::max(full.critical, full.shared);
+      if (lb_full > 1.02 * lb_pp)
+        for (double f : {0.9, 0.95, 1.0, 1.05, 1.1, 1.2}) extra_targets.push_back(-f * lb_full);
+    }
     struct Trial {
       double score, target, mu;
       bool align;
@@ -1150,20 +1158,22 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     std::vector<Trial> trials;
     // Only the best plan that meets the count policy goes on to best_of (each is scored once here).
     // The best few plans that meet the count policy (by score, ties by arrival) go on to the slot-order polish.
-    // Profile-lead plans (lead_frac < 0) compete for a polish place of their own, so they never push out the others.
-    constexpr std::size_t kPolish = 3, kPolishProfile = 2;
-    std::vector<std::pair<double, Plan>> best_pipes, best_profile;
-    auto keep = [&](Plan p, double t, bool profile) {
+    // Extra plans (profile leads, lead_frac < 0, and the extra targets) compete for polish places of their own, so
+    // they never push out the others.
+    constexpr std::size_t kPolish = 3, kPolishExtra = 3;
+    std::vector<std::pair<double, Plan>> best_pipes, best_extra;
+    auto keep = [&](Plan p, double t, bool extra) {
       if (!std::isfinite(t) || !counts_ok(p, cluster.num_ranks, options)) return;
-      auto& pool = profile ? best_profile : best_pipes;
-      const std::size_t room = profile ? kPolishProfile : kPolish;
+      auto& pool = extra ? best_extra : best_pipes;
+      const std::size_t room = extra ? kPolishExtra : kPolish;
       if (pool.size() == room && t >= pool.back().first) return;
       auto at = std::upper_bound(pool.begin(), pool.end(), t,
                                  [](double x, const std::pair<double, Plan>& e) { return x < e.first; });
       pool.insert(at, {t, std::move(p)});
       if (pool.size() > room) pool.pop_back();
     };
-    auto add = [&](double target, double mu, int order, int lead, double frac, bool align) {
+    auto add = [&](double target, double mu, int order, int lead, double frac, bool align, bool extra = false) {
+      extra = extra || frac < 0;
       Plan p = b.pipelined(target, mu, options.pp, 0, order, lead, frac, align);
       if (fixed_counts) {
         const int step = options.vpp > 1 ? options.pp : 1;
@@ -1175,25 +1185,27 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
           Plan q = b.pipelined(target, mu, options.pp, t, order, lead, frac, align);
           if (counts_ok(q, cluster.num_ranks, options)) {
             const double tq = score(q, batch, cluster, cost, options);
-            keep(std::move(q), tq, frac < 0);
+            keep(std::move(q), tq, extra);
           }
         }
       }
       const double t = score(p, batch, cluster, cost, options);
-      if (order == 0 && lead == 0) trials.push_back({t, target, mu, align});
-      keep(std::move(p), t, frac < 0);
+      if (order == 0 && lead == 0 && !extra) trials.push_back({t, target, mu, align});
+      keep(std::move(p), t, extra);
     };
     // Targets only change the degrees of rings that cannot reach mu: each distinct ring set is built once, with
     // rings placed by estimate and with ranks of fewer rings first (align).
     for (int k = 0; k < kMuGrid; ++k) {
       const double mu = lb_pp * std::pow(0.03, static_cast<double>(k) / (kMuGrid - 1));
       std::set<std::vector<std::pair<std::size_t, int>>> seen;
-      for (double target : targets) {
+      for (std::size_t i = 0; i < targets.size() + extra_targets.size(); ++i) {
+        const bool extra = i >= targets.size();
+        const double target = extra ? extra_targets[i - targets.size()] : targets[i];
         std::vector<std::size_t> shorts;
         std::vector<std::pair<std::size_t, int>> sig;
         for (const auto& r : b.pipelined_rings(target, mu, shorts)) sig.push_back({r.seq, r.d});
         if (!seen.insert(sig).second) continue;
-        for (bool align : {false, true}) add(target, mu, 0, 0, 0.0, align);
+        for (bool align : {false, true}) add(target, mu, 0, 0, 0.0, align, extra);
       }
     }
     // refine mu between the best grid point's neighbours (a third and two thirds of a grid step either way)
@@ -1215,7 +1227,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       for (int order : {0, 1})
         for (double ratio : {0.5, 0.75}) add(tr.target, tr.mu, order, options.pp - 1, -ratio, tr.align);
     }
-    for (auto* pool : {&best_pipes, &best_profile})
+    for (auto* pool : {&best_pipes, &best_extra})
       for (auto& [t, p] : *pool) candidates.push_back(reorder_slots(std::move(p), t, batch, cluster, cost, options));
   }
   for (const auto& s : strategies())

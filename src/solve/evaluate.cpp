@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <numeric>
+#include <utility>
 
 #include "dynacp/solve/microbatch.hpp"
 #include "dynacp/solve/placement.hpp"
@@ -43,13 +46,129 @@ double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& 
 
 double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, int vpp) {
   const auto b = pipelined_bound_terms(batch, cluster, cost, pp, vpp);
-  return std::max({b.single, b.wide, b.average, b.critical});
+  return std::max({b.single, b.wide, b.average, b.critical, b.shared});
 }
+
+namespace {
+
+// Two microbatches of times a >= b on one 1F1B pipeline of n stages (forward t / (3 n), backward 2 t / (3 n) per
+// stage), whatever else it runs and in either order: stage 0 runs F and B of the earlier one around its whole round
+// trip and then the later one's backward (or its forward before the later one's round trip), and the last stage runs
+// both one after the other between the first forward's fill and the last backward's drain (docs/cost_model.md).
+double pair_floor(double a, double b, double n) {
+  if (a < b) std::swap(a, b);
+  return std::max(a + b / (3 * n), ((n + 2) * a + (2 * n + 1) * b) / (3 * n));
+}
+
+// The k hardest sequences (k = 2..kGiants, by work) either meet - two of them on one rank, as two microbatches
+// (pair_floor of their fastest times) or in one group (that group's fastest time) - or run on pairwise disjoint
+// rings. In the disjoint case a step S needs degrees d_i with T_i(d_i) <= S and sum d_i <= P, and the other work W'
+// (all but theirs) must fit: giant i's ranks take at most min(3 pp (S - T_i) + E_i, C(S) - w_i / d_i) each (the
+// critical-sequence argument), the other ranks at most C(S) = the most work G allows within S. Bounding the
+// capacity by each giant's best degree separately (a relaxation, so still a bound), S is infeasible when
+//   P C(S) + sum_i max_{d_i} d_i (cap_i(d_i) - C(S)) < W'   or   sum_i (least feasible d_i) > P.
+// Feasibility grows with S, so the least feasible S is found by bisection; the term is max_k min(meet_k, that S).
+double shared_term(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, double total_work,
+                   const std::function<double(double)>& G) {
+  constexpr std::size_t kGiants = 8;
+  const int P = cluster.num_ranks, rpn = cluster.ranks_per_node;
+  const double n = pp, c = cost.group_overhead;
+  std::vector<std::size_t> ids(batch.size());
+  std::iota(ids.begin(), ids.end(), std::size_t{0});
+  const std::size_t k = std::min(kGiants, ids.size());
+  if (k < 2) return 0.0;
+  auto work = [&](std::size_t i) { return cost.work(batch.lengths[i], batch.mask(i)); };
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
+                    [&](std::size_t x, std::size_t y) { return work(x) > work(y) || (work(x) == work(y) && x < y); });
+  // a ring of d <= rpn ranks may still span nodes, so take the faster layout
+  auto fastest = [&](const GroupStats& g, int d) {
+    const double t = cost.time(g, d, true, cluster);
+    return d <= rpn ? std::min(t, cost.time(g, d, false, cluster)) : t;
+  };
+  std::vector<std::vector<double>> time(k);  // time[i][d - dmin[i]]
+  std::vector<int> dmin(k);
+  std::vector<double> w(k), best(k, std::numeric_limits<double>::infinity());
+  std::vector<GroupStats> stats(k);
+  for (std::size_t i = 0; i < k; ++i) {
+    stats[i].add(batch.lengths[ids[i]], cost.eta(batch.mask(ids[i])));
+    dmin[i] = cost.min_degree(batch.lengths[ids[i]], cluster);
+    w[i] = work(ids[i]);
+    if (dmin[i] > P) return 0.0;  // plan() rejects the batch
+    for (int d = dmin[i]; d <= P; ++d)
+      time[i].push_back(fastest(stats[i], d)), best[i] = std::min(best[i], time[i].back());
+  }
+  // C(S) rounded up (an upper bound on the work a rank may run within S); < 0 when not even G(0) fits
+  auto capacity = [&](double S) {
+    if (G(0.0) > S) return -1.0;
+    double lo = 0.0, hi = std::max(1e-9, S * n);
+    while (G(hi) <= S) hi *= 2;
+    for (int it = 0; it < 60; ++it) {
+      const double mid = 0.5 * (lo + hi);
+      (G(mid) <= S ? lo : hi) = mid;
+    }
+    return hi;
+  };
+  auto fits = [&](std::size_t m, double S) {  // the first m giants on disjoint rings, everything done by S
+    const double C = capacity(S);
+    if (C < 0) return false;
+    double rest = total_work, cap = P * C;
+    long long used = 0;
+    for (std::size_t i = 0; i < m; ++i) {
+      rest -= w[i];
+      int least = 0;
+      double gain = -std::numeric_limits<double>::infinity();
+      for (std::size_t j = 0; j < time[i].size(); ++j) {
+        const double t = time[i][j];
+        const int d = dmin[i] + static_cast<int>(j);
+        if (t > S) continue;
+        const double E = std::max(0.0, t - w[i] / d - c);
+        const double room = std::min(3 * n * (S - t) + E, C - w[i] / d);
+        if (room < 0) continue;
+        if (least == 0) least = d;
+        gain = std::max(gain, d * (room - C));
+      }
+      if (least == 0) return false;
+      used += least, cap += gain;
+    }
+    return used <= P && cap >= rest;
+  };
+  double out = 0.0, meet = std::numeric_limits<double>::infinity();
+  for (std::size_t m = 2; m <= k; ++m) {
+    const std::size_t j = m - 1;
+    for (std::size_t i = 0; i < j; ++i) {
+      meet = std::min(meet, pair_floor(best[i], best[j], n));
+      GroupStats both = stats[i];
+      both.add(batch.lengths[ids[j]], cost.eta(batch.mask(ids[j])));
+      for (int d = cost.min_degree(both.tokens, cluster); d <= P; ++d) meet = std::min(meet, fastest(both, d));
+    }
+    if (meet <= out) break;  // meet only falls with m
+    double lo = 0.0;
+    for (std::size_t i = 0; i < m; ++i) lo = std::max(lo, best[i]);
+    double disjoint = lo;
+    if (!fits(m, lo)) {
+      const double hi0 = std::max(meet, lo);
+      double hi = hi0;
+      if (fits(m, hi)) {
+        for (int it = 0; it < 50; ++it) {
+          const double mid = 0.5 * (lo + hi);
+          (fits(m, mid) ? hi : lo) = mid;
+        }
+        disjoint = lo;  // no S <= lo fits (fits grows with S), so the least that does lies above it
+      } else {
+        disjoint = hi0;  // nothing up to meet fits, so min(meet, disjoint) = meet
+      }
+    }
+    out = std::max(out, std::min(meet, disjoint));
+  }
+  return out;
+}
+
+}  // namespace
 
 PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp,
                                           int vpp, bool with_critical) {
   const auto t = lower_bound_terms(batch, cluster, cost);
-  if (pp <= 1) return {t.single, t.wide, t.average, 0.0};
+  if (pp <= 1) return {t.single, t.wide, t.average, 0.0, 0.0};
   // A microbatch crosses all stages forward and back, so the hardest sequence still takes its whole time.
   // Every microbatch takes t >= c + w_min / P (a group's time is at least its per-rank work plus c), and one
   // stage-chunk of it t / (3 pp vpp) forward and 2 t / (3 pp vpp) backward. On a rank whose microbatches take S
@@ -64,7 +183,7 @@ PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& clu
   }
   const double P = cluster.num_ranks, n = pp, v = std::max(vpp, 1), c = cost.group_overhead;
   double average = t.average / n + (n - 1) * (c + wmin / P) / (n * v);
-  double critical = 0.0;
+  double critical = 0.0, shared = 0.0;
   if (vpp <= 1 && one_f_one_b_floor(2, pp) > 1.0) {
     // Sharper for 1F1B: a rank running m microbatches of S = W_r + m c seconds in all finishes no earlier than
     // h(m, pp) S / pp (one_f_one_b_floor, the optimum over every split of S). G(W) = min_m h(m, pp) (W + m c) / pp
@@ -117,9 +236,10 @@ PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& clu
         }
         if (std::isfinite(best)) critical = std::max(critical, best);
       }
+    if (with_critical) shared = shared_term(batch, cluster, cost, pp, std::max(0.0, t.average - c) * P, G);
   }
   const double wide = t.wide_work > 0 ? (t.wide_work / P + c) / n : 0.0;
-  return {t.single, wide, average, critical};
+  return {t.single, wide, average, critical, shared};
 }
 
 LowerBoundTerms lower_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost) {

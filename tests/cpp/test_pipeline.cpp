@@ -368,6 +368,25 @@ TEST(Pipeline, OneFOneBRoundTripChain) {
   }
 }
 
+TEST(Pipeline, OneFOneBPairFloor) {
+  // Any two microbatches a >= b of one pipeline, whatever else it runs: T >= max(a + b / (3 pp),
+  // ((pp + 2) a + (2 pp + 1) b) / (3 pp)) (docs/cost_model.md); two equal ones alone reach the second exactly.
+  auto floor2 = [](double a, double b, int pp) {
+    if (a < b) std::swap(a, b);
+    return std::max(a + b / (3.0 * pp), ((pp + 2) * a + (2 * pp + 1) * b) / (3.0 * pp));
+  };
+  EXPECT_NEAR(one_rank(std::vector<double>{1.0, 1.0}, 4), floor2(1.0, 1.0, 4), 1e-12);    // 1.25
+  EXPECT_NEAR(one_rank(std::vector<double>{1.0, 12.0}, 4), floor2(12.0, 1.0, 4), 1e-12);  // light one first
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int pp = 2 + static_cast<int>(rng() % 7), m = 2 + static_cast<int>(rng() % 15);
+    const std::vector<double> t = random_times(rng, m, trial % 2 ? 1.0 : 4.0);
+    const double got = one_rank(t, pp);
+    for (int a = 0; a < m; ++a)
+      for (int b = a + 1; b < m; ++b) EXPECT_GE(got, floor2(t[a], t[b], pp) * (1 - 1e-12)) << "pp " << pp << " m " << m;
+  }
+}
+
 TEST(Pipeline, GradSyncIsAdded) {
   auto prob = uniform(2, 4, 1, 8, 1.0, 2.0);
   const double base = simulate(prob).step_time;

@@ -300,6 +300,41 @@ TEST(Strategies, DynacpPacksCrowdingWideRingsInShelves) {
   EXPECT_GE(wide_in_first_slot, 2);
 }
 
+TEST(LowerBound, HardSequencesThatMustShareRanks) {
+  // Two sequences that each need 5 of the 8 ranks for memory (and 10 together): they can neither run on disjoint
+  // rings nor in one group, so some rank runs both, and with pp = 4 that takes >= 1.25 x the faster of their best
+  // times (the pair floor of two equal microbatches). Both on all 8 ranks, one after the other, reach it when 8 is
+  // their best degree.
+  CostModel cost;
+  const Cluster c = make_cluster(8, 8, 4096, cost);
+  Batch b;
+  b.lengths = {18000, 18000};
+  ASSERT_EQ(cost.min_degree(18000, c), 5);
+  GroupStats g;
+  g.add(18000, cost.eta(Mask::Causal));
+  double best = cost.time(g, 5, c);
+  for (int d = 6; d <= 8; ++d) best = std::min(best, cost.time(g, d, c));
+  ASSERT_EQ(best, cost.time(g, 8, c));
+  const auto terms = pipelined_bound_terms(b, c, cost, 4);
+  EXPECT_NEAR(terms.shared, 1.25 * best, 1e-12);
+  EXPECT_GT(terms.shared, std::max({terms.single, terms.average, terms.critical}));
+  PlanOptions o;
+  o.pp = 4;
+  EXPECT_NEAR(lower_bound(b, c, cost, o), 1.25 * best, 1e-12);
+  Plan both;
+  both.strategy = "hand";
+  both.num_ranks = 8;
+  const std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7};
+  both.microbatches = {{Group{all, {0}}}, {Group{all, {1}}}};
+  both.validate(b, c, cost);
+  EXPECT_NEAR(predict(both, b, c, cost, o).step_time, 1.25 * best, 1e-12);
+  o.strategy = "dynacp";
+  EXPECT_NEAR(plan(b, c, cost, o).predicted.step_time, 1.25 * best, 1e-12);
+  // With a third such sequence the pair floor still holds (it is about any two of them).
+  b.lengths.push_back(18000);
+  EXPECT_GE(lower_bound(b, c, cost, o), 1.25 * best - 1e-12);
+}
+
 TEST(LowerBound, PipelinedHandChecked) {
   // One rank (one pipeline of pp stages) and n equal sequences of work w: every microbatch takes at least w + c,
   // so T >= max(w + c, (n w + c) / pp + (pp - 1)(c + w) / (pp vpp)).
