@@ -421,12 +421,17 @@ class Builder {
   /// lead): every rank first runs `lead` microbatches rising by the ratio -lead_frac towards its first-round ring's
   /// time, else mu.
   Plan pipelined(double target, double mu, int pp, int count, int order = 0, int lead = 0, double lead_frac = 0.5,
-                 bool align = false) const {
+                 bool align = false, bool isolate = false) const {
     const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
     const double c = cost_.group_overhead;
     std::vector<std::size_t> shorts;
     std::vector<Ring> rings = pipelined_rings(target, mu, shorts);
     std::stable_sort(rings.begin(), rings.end(), [](const Ring& a, const Ring& b) { return a.t * a.d > b.t * b.d; });
+    // isolate: the slowest rings (within kIsolate of the slowest) go first and keep their ranks from other rings
+    double slowest = 0.0;
+    for (const auto& ring : rings) slowest = std::max(slowest, ring.t);
+    auto critical = [&](const Ring& r) { return isolate && r.t >= kIsolate * slowest; };
+    std::stable_partition(rings.begin(), rings.end(), critical);
     std::vector<double> S(static_cast<std::size_t>(P), 0.0), M(static_cast<std::size_t>(P), 0.0);
     auto est = [&](std::size_t r) { return (S[r] + (pp - 1) * M[r]) / pp; };
     std::vector<double> key(static_cast<std::size_t>(P), 0.0);
@@ -438,6 +443,7 @@ class Builder {
     };
     std::vector<Placed> ring_groups;
     std::vector<int> rings_on(static_cast<std::size_t>(P), 0);
+    std::vector<char> reserved(static_cast<std::size_t>(P), 0);
     if (!rings.empty()) {
       NodePicker picker(P, rpn);
       for (const auto& ring : rings) {
@@ -449,7 +455,8 @@ class Builder {
           S[u] += ring.t, M[u] = std::max(M[u], ring.t);
           rings_on[u] = round + 1;
           // align: ranks with fewer rings first (fewer rounds to fill with their own microbatches)
-          key[u] = (align ? 1e6 * rings_on[u] : 0.0) + est(u);
+          if (critical(ring)) reserved[u] = 1;
+          key[u] = (align ? 1e6 * rings_on[u] : 0.0) + est(u) + (reserved[u] ? 1e12 : 0.0);
         }
         for (int node = ranks.front() / rpn; node <= ranks.back() / rpn; ++node) picker.update(node, key);
         ring_groups.push_back({std::move(ranks), seqs_[ring.seq].id, round, ring.t});
@@ -781,6 +788,7 @@ class Builder {
   /// Builds the plan for target tau; returns its makespan and, if `out` is given, the plan.
   /// Ring placement orders tried: largest area (T d) first, longest first, widest first.
   static constexpr int kRingOrders = 3;
+  static constexpr double kIsolate = 0.75;  // pipelined(isolate): rings this close to the slowest are critical
   /// Pools up to this many nodes get the full search for rings wider than a node (neighbour degrees, orders).
   static constexpr int kWideNodes = 128;
 
@@ -1160,7 +1168,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     // The best few plans that meet the count policy (by score, ties by arrival) go on to the slot-order polish.
     // Extra plans (profile leads, lead_frac < 0, and the extra targets) compete for polish places of their own, so
     // they never push out the others.
-    constexpr std::size_t kPolish = 3, kPolishExtra = 3;
+    constexpr std::size_t kPolish = 3, kPolishExtra = 4;
     std::vector<std::pair<double, Plan>> best_pipes, best_extra;
     auto keep = [&](Plan p, double t, bool extra) {
       if (!std::isfinite(t) || !counts_ok(p, cluster.num_ranks, options)) return;
@@ -1172,9 +1180,10 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       pool.insert(at, {t, std::move(p)});
       if (pool.size() > room) pool.pop_back();
     };
-    auto add = [&](double target, double mu, int order, int lead, double frac, bool align, bool extra = false) {
-      extra = extra || frac < 0;
-      Plan p = b.pipelined(target, mu, options.pp, 0, order, lead, frac, align);
+    auto add = [&](double target, double mu, int order, int lead, double frac, bool align, bool extra = false,
+                   bool isolate = false) {
+      extra = extra || frac < 0 || isolate;
+      Plan p = b.pipelined(target, mu, options.pp, 0, order, lead, frac, align, isolate);
       if (fixed_counts) {
         const int step = options.vpp > 1 ? options.pp : 1;
         std::vector<int> n = rank_counts(p, cluster.num_ranks);
@@ -1182,7 +1191,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
         std::set<int> counts;
         for (int t : {n[n.size() / 2], n.back()}) counts.insert((t + step - 1) / step * step);
         for (int t : counts) {
-          Plan q = b.pipelined(target, mu, options.pp, t, order, lead, frac, align);
+          Plan q = b.pipelined(target, mu, options.pp, t, order, lead, frac, align, isolate);
           if (counts_ok(q, cluster.num_ranks, options)) {
             const double tq = score(q, batch, cluster, cost, options);
             keep(std::move(q), tq, extra);
@@ -1226,6 +1235,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       add(tr.target, tr.mu, 3, 0, 0.0, tr.align);
       for (int order : {0, 1})
         for (double ratio : {0.5, 0.75}) add(tr.target, tr.mu, order, options.pp - 1, -ratio, tr.align);
+      add(tr.target, tr.mu, 0, 0, 0.0, tr.align, true, true);
     }
     for (auto* pool : {&best_pipes, &best_extra})
       for (auto& [t, p] : *pool) candidates.push_back(reorder_slots(std::move(p), t, batch, cluster, cost, options));
