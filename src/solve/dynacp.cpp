@@ -389,14 +389,23 @@ class Builder {
   }
 
   /// The ring sequences of pipelined(target, mu) with their degrees (the rest go to `shorts`).
-  std::vector<Ring> pipelined_rings(double target, double mu, std::vector<std::size_t>& shorts) const {
+  std::vector<Ring> pipelined_rings(double target, double mu, std::vector<std::size_t>& shorts,
+                                    bool tile = false) const {
     std::vector<Ring> rings;
     classify(order_, mu, 0, shorts, rings);
-    for (auto& ring : rings)
+    const int rpn = cluster_.ranks_per_node, P = cluster_.num_ranks;
+    for (auto& ring : rings) {
       if (ring.t > mu) {  // mu is out of reach: the smallest degree within `target` x its fastest time
         ring.d = degree_for(seqs_[ring.seq], target < 0 ? -target : target * ring.t);
         ring.t = time1(seqs_[ring.seq], ring.d);
       }
+      if (tile && ring.d > rpn) {  // tile: a power-of-two number of whole nodes, so wide rings stack without gaps
+        int nodes = 1;
+        while (nodes * rpn < ring.d) nodes *= 2;
+        ring.d = std::min(P, nodes * rpn);
+        ring.t = time1(seqs_[ring.seq], ring.d);
+      }
+    }
     return rings;
   }
 
@@ -419,13 +428,14 @@ class Builder {
   /// `lead` > 0: the ranks of each first-round ring first run `lead` microbatches of their own, each packed to
   /// lead_frac x the ring's time / lead (equal prefixes, so they reach the ring together); lead_frac < 0 (profile
   /// lead): every rank first runs `lead` microbatches rising by the ratio -lead_frac towards its first-round ring's
-  /// time, else mu.
+  /// time, else mu. `isolate`: the slowest rings go first and keep their ranks from other rings. `tile`: rings wider
+  /// than a node take a power-of-two number of whole nodes (pipelined_rings).
   Plan pipelined(double target, double mu, int pp, int count, int order = 0, int lead = 0, double lead_frac = 0.5,
-                 bool align = false, bool isolate = false) const {
+                 bool align = false, bool isolate = false, bool tile = false) const {
     const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
     const double c = cost_.group_overhead;
     std::vector<std::size_t> shorts;
-    std::vector<Ring> rings = pipelined_rings(target, mu, shorts);
+    std::vector<Ring> rings = pipelined_rings(target, mu, shorts, tile);
     std::stable_sort(rings.begin(), rings.end(), [](const Ring& a, const Ring& b) { return a.t * a.d > b.t * b.d; });
     // isolate: the slowest rings (within kIsolate of the slowest) go first and keep their ranks from other rings
     double slowest = 0.0;
@@ -1166,14 +1176,15 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     std::vector<Trial> trials;
     // Only the best plan that meets the count policy goes on to best_of (each is scored once here).
     // The best few plans that meet the count policy (by score, ties by arrival) go on to the slot-order polish.
-    // Extra plans (profile leads, lead_frac < 0, and the extra targets) compete for polish places of their own, so
-    // they never push out the others.
-    constexpr std::size_t kPolish = 3, kPolishExtra = 4;
-    std::vector<std::pair<double, Plan>> best_pipes, best_extra;
-    auto keep = [&](Plan p, double t, bool extra) {
+    // Each extra family (1 profile leads: 2 places; 2 isolated, 3 extra targets, 4 tiled: 1) has polish places of its
+    // own, so none pushes out the plain plans (family 0, 3 places) or another family.
+    constexpr int kFamilies = 5;
+    constexpr std::size_t kPolish = 3;
+    std::vector<std::vector<std::pair<double, Plan>>> pools(kFamilies);
+    auto keep = [&](Plan p, double t, int family) {
       if (!std::isfinite(t) || !counts_ok(p, cluster.num_ranks, options)) return;
-      auto& pool = extra ? best_extra : best_pipes;
-      const std::size_t room = extra ? kPolishExtra : kPolish;
+      auto& pool = pools[static_cast<std::size_t>(family)];
+      const std::size_t room = family == 0 ? kPolish : family == 1 ? 2 : 1;
       if (pool.size() == room && t >= pool.back().first) return;
       auto at = std::upper_bound(pool.begin(), pool.end(), t,
                                  [](double x, const std::pair<double, Plan>& e) { return x < e.first; });
@@ -1181,9 +1192,10 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       if (pool.size() > room) pool.pop_back();
     };
     auto add = [&](double target, double mu, int order, int lead, double frac, bool align, bool extra = false,
-                   bool isolate = false) {
-      extra = extra || frac < 0 || isolate;
-      Plan p = b.pipelined(target, mu, options.pp, 0, order, lead, frac, align, isolate);
+                   bool isolate = false, bool tile = false) {
+      const int family = tile ? 4 : extra ? 3 : isolate ? 2 : frac < 0 ? 1 : 0;
+      extra = family > 0;
+      Plan p = b.pipelined(target, mu, options.pp, 0, order, lead, frac, align, isolate, tile);
       if (fixed_counts) {
         const int step = options.vpp > 1 ? options.pp : 1;
         std::vector<int> n = rank_counts(p, cluster.num_ranks);
@@ -1191,30 +1203,32 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
         std::set<int> counts;
         for (int t : {n[n.size() / 2], n.back()}) counts.insert((t + step - 1) / step * step);
         for (int t : counts) {
-          Plan q = b.pipelined(target, mu, options.pp, t, order, lead, frac, align, isolate);
+          Plan q = b.pipelined(target, mu, options.pp, t, order, lead, frac, align, isolate, tile);
           if (counts_ok(q, cluster.num_ranks, options)) {
             const double tq = score(q, batch, cluster, cost, options);
-            keep(std::move(q), tq, extra);
+            keep(std::move(q), tq, family);
           }
         }
       }
       const double t = score(p, batch, cluster, cost, options);
       if (order == 0 && lead == 0 && !extra) trials.push_back({t, target, mu, align});
-      keep(std::move(p), t, extra);
+      keep(std::move(p), t, family);
     };
     // Targets only change the degrees of rings that cannot reach mu: each distinct ring set is built once, with
     // rings placed by estimate and with ranks of fewer rings first (align).
     for (int k = 0; k < kMuGrid; ++k) {
       const double mu = lb_pp * std::pow(0.03, static_cast<double>(k) / (kMuGrid - 1));
-      std::set<std::vector<std::pair<std::size_t, int>>> seen;
+      std::set<std::vector<std::pair<std::size_t, int>>> seen[2];
       for (std::size_t i = 0; i < targets.size() + extra_targets.size(); ++i) {
         const bool extra = i >= targets.size();
         const double target = extra ? extra_targets[i - targets.size()] : targets[i];
-        std::vector<std::size_t> shorts;
-        std::vector<std::pair<std::size_t, int>> sig;
-        for (const auto& r : b.pipelined_rings(target, mu, shorts)) sig.push_back({r.seq, r.d});
-        if (!seen.insert(sig).second) continue;
-        for (bool align : {false, true}) add(target, mu, 0, 0, 0.0, align, extra);
+        for (bool tile : {false, true}) {
+          std::vector<std::size_t> shorts;
+          std::vector<std::pair<std::size_t, int>> sig;
+          for (const auto& r : b.pipelined_rings(target, mu, shorts, tile)) sig.push_back({r.seq, r.d});
+          if (!seen[tile ? 1 : 0].insert(sig).second) continue;  // tiled sets apart, so they take no plain build
+          for (bool align : {false, true}) add(target, mu, 0, 0, 0.0, align, extra, false, tile);
+        }
       }
     }
     // refine mu between the best grid point's neighbours (a third and two thirds of a grid step either way)
@@ -1235,10 +1249,10 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       add(tr.target, tr.mu, 3, 0, 0.0, tr.align);
       for (int order : {0, 1})
         for (double ratio : {0.5, 0.75}) add(tr.target, tr.mu, order, options.pp - 1, -ratio, tr.align);
-      add(tr.target, tr.mu, 0, 0, 0.0, tr.align, true, true);
+      add(tr.target, tr.mu, 0, 0, 0.0, tr.align, false, true);
     }
-    for (auto* pool : {&best_pipes, &best_extra})
-      for (auto& [t, p] : *pool) candidates.push_back(reorder_slots(std::move(p), t, batch, cluster, cost, options));
+    for (auto& pool : pools)
+      for (auto& [t, p] : pool) candidates.push_back(reorder_slots(std::move(p), t, batch, cluster, cost, options));
   }
   for (const auto& s : strategies())
     if (std::string(s.name) != "dynacp") candidates.push_back(s.fn(batch, cluster, cost, options));
