@@ -1061,10 +1061,15 @@ Plan reorder_slots(Plan plan, double t, const Batch& batch, const Cluster& clust
     }
   std::vector<std::size_t> cur(n);
   std::iota(cur.begin(), cur.end(), std::size_t{0});
-  auto permuted = [&](const std::vector<std::size_t>& order) {
-    Plan q = plan;
-    for (std::size_t k = 0; k < n; ++k) q.microbatches[k] = plan.microbatches[order[k]];
-    return q;
+  // Scores the slots in `order`: moves them into place and back, so no group is copied.
+  std::vector<std::vector<Group>> spare(n);
+  auto score_order = [&](const std::vector<std::size_t>& order) {
+    for (std::size_t k = 0; k < n; ++k) spare[k] = std::move(plan.microbatches[order[k]]);
+    plan.microbatches.swap(spare);
+    const double s = score(plan, batch, cluster, cost, options);
+    plan.microbatches.swap(spare);
+    for (std::size_t k = 0; k < n; ++k) plan.microbatches[order[k]] = std::move(spare[k]);
+    return s;
   };
   std::vector<std::size_t> by(n);
   std::iota(by.begin(), by.end(), std::size_t{0});
@@ -1072,7 +1077,7 @@ Plan reorder_slots(Plan plan, double t, const Batch& batch, const Cluster& clust
   for (int q = 0; q <= options.pp && static_cast<std::size_t>(q) < n; ++q) {
     std::vector<std::size_t> order(by.begin(), by.begin() + q);
     for (std::size_t i = n; i > static_cast<std::size_t>(q); --i) order.push_back(by[i - 1]);
-    const double s = score(permuted(order), batch, cluster, cost, options);
+    const double s = score_order(order);
     if (s < t) t = s, cur = order;
   }
   constexpr int kBudget = 96;
@@ -1092,11 +1097,13 @@ Plan reorder_slots(Plan plan, double t, const Batch& batch, const Cluster& clust
           else
             continue;
           ++spent;
-          const double s = score(permuted(order), batch, cluster, cost, options);
+          const double s = score_order(order);
           if (s < t - 1e-12) t = s, cur = std::move(order), better = true;
         }
   }
-  return permuted(cur);
+  for (std::size_t k = 0; k < n; ++k) spare[k] = std::move(plan.microbatches[cur[k]]);
+  plan.microbatches.swap(spare);
+  return plan;
 }
 
 Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options) {
