@@ -409,6 +409,19 @@ class Builder {
     return rings;
   }
 
+  /// How pipelined() builds one plan; each field is described there.
+  struct Pipe {
+    double target = 1.0;     ///< degree rule for rings that cannot reach mu
+    double mu = 0.0;         ///< microbatch target, seconds
+    int count = 0;           ///< > 0: microbatches per rank to bring every rank to
+    int order = 0;           ///< order of a rank's own microbatches
+    int lead = 0;            ///< lead microbatches
+    double lead_frac = 0.5;  ///< their size (< 0: profile lead)
+    bool align = false;      ///< rings onto the ranks with the fewest rings first
+    bool isolate = false;    ///< the slowest rings keep their ranks from other rings
+    bool tile = false;       ///< wide rings on a power-of-two number of whole nodes
+  };
+
   /// A pipelined plan with per-rank microbatch lists for microbatch target `mu`. Under 1F1B a rank whose
   /// microbatches take S seconds in all (all stages, forward and backward) and M at most finishes after about
   /// (S + (pp - 1) M) / pp (exact for equal microbatches; docs/strategies.md), so:
@@ -430,8 +443,11 @@ class Builder {
   /// lead): every rank first runs `lead` microbatches rising by the ratio -lead_frac towards its first-round ring's
   /// time, else mu. `isolate`: the slowest rings go first and keep their ranks from other rings. `tile`: rings wider
   /// than a node take a power-of-two number of whole nodes (pipelined_rings).
-  Plan pipelined(double target, double mu, int pp, int count, int order = 0, int lead = 0, double lead_frac = 0.5,
-                 bool align = false, bool isolate = false, bool tile = false) const {
+  Plan pipelined(const Pipe& spec, int pp) const {
+    const double target = spec.target, mu = spec.mu, lead_frac = spec.lead_frac;
+    const int count = spec.count, order = spec.order;
+    int lead = spec.lead;
+    const bool align = spec.align, isolate = spec.isolate, tile = spec.tile;
     const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
     const double c = cost_.group_overhead;
     std::vector<std::size_t> shorts;
@@ -1198,11 +1214,9 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       pool.insert(at, {t, std::move(p)});
       if (pool.size() > room) pool.pop_back();
     };
-    auto add = [&](double target, double mu, int order, int lead, double frac, bool align, bool extra = false,
-                   bool isolate = false, bool tile = false) {
-      const int family = tile ? 4 : extra ? 3 : isolate ? 2 : frac < 0 ? 1 : 0;
-      extra = family > 0;
-      Plan p = b.pipelined(target, mu, options.pp, 0, order, lead, frac, align, isolate, tile);
+    auto add = [&](const Builder::Pipe& spec, bool extra_target = false) {
+      const int family = spec.tile ? 4 : extra_target ? 3 : spec.isolate ? 2 : spec.lead_frac < 0 ? 1 : 0;
+      Plan p = b.pipelined(spec, options.pp);
       if (fixed_counts) {
         const int step = options.vpp > 1 ? options.pp : 1;
         std::vector<int> n = rank_counts(p, cluster.num_ranks);
@@ -1210,7 +1224,9 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
         std::set<int> counts;
         for (int t : {n[n.size() / 2], n.back()}) counts.insert((t + step - 1) / step * step);
         for (int t : counts) {
-          Plan q = b.pipelined(target, mu, options.pp, t, order, lead, frac, align, isolate, tile);
+          Builder::Pipe counted = spec;
+          counted.count = t;
+          Plan q = b.pipelined(counted, options.pp);
           if (counts_ok(q, cluster.num_ranks, options)) {
             const double tq = score(q, batch, cluster, cost, options);
             keep(std::move(q), tq, family);
@@ -1218,7 +1234,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
         }
       }
       const double t = score(p, batch, cluster, cost, options);
-      if (order == 0 && lead == 0 && !extra) trials.push_back({t, target, mu, align});
+      if (spec.order == 0 && spec.lead == 0 && family == 0) trials.push_back({t, spec.target, spec.mu, spec.align});
       keep(std::move(p), t, family);
     };
     // Targets only change the degrees of rings that cannot reach mu: each distinct ring set is built once, with
@@ -1234,7 +1250,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
           std::vector<std::pair<std::size_t, int>> sig;
           for (const auto& r : b.pipelined_rings(target, mu, shorts, tile)) sig.push_back({r.seq, r.d});
           if (!seen[tile ? 1 : 0].insert(sig).second) continue;  // tiled sets apart, so they take no plain build
-          for (bool align : {false, true}) add(target, mu, 0, 0, 0.0, align, extra, false, tile);
+          for (bool align : {false, true}) add({.target = target, .mu = mu, .align = align, .tile = tile}, extra);
         }
       }
     }
@@ -1244,19 +1260,26 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
                                            [](const Trial& x, const Trial& y) { return x.score < y.score; });
       const double step = std::pow(0.03, 1.0 / (kMuGrid - 1));
       for (double f : {-2.0 / 3, -1.0 / 3, 1.0 / 3, 2.0 / 3})
-        add(best.target, best.mu * std::pow(step, f), 0, 0, 0.0, best.align);
+        add({.target = best.target, .mu = best.mu * std::pow(step, f), .align = best.align});
     }
     // the best few again with lead microbatches and other orders
     std::stable_sort(trials.begin(), trials.end(), [](const Trial& x, const Trial& y) { return x.score < y.score; });
     for (std::size_t i = 0; i < std::min<std::size_t>(trials.size(), 4); ++i) {
-      const Trial& tr = trials[i];
+      const Builder::Pipe base{.target = trials[i].target, .mu = trials[i].mu, .align = trials[i].align};
+      auto with = [&](int order, int lead, double frac) {
+        Builder::Pipe spec = base;
+        spec.order = order, spec.lead = lead, spec.lead_frac = frac;
+        return spec;
+      };
       for (int order : {0, 1})
         for (int lead : {1, 2})
-          for (double frac : {0.3, 0.6, 1.0}) add(tr.target, tr.mu, order, lead, frac, tr.align);
-      add(tr.target, tr.mu, 3, 0, 0.0, tr.align);
+          for (double frac : {0.3, 0.6, 1.0}) add(with(order, lead, frac));
+      add(with(3, 0, 0.0));
       for (int order : {0, 1})
-        for (double ratio : {0.5, 0.75}) add(tr.target, tr.mu, order, options.pp - 1, -ratio, tr.align);
-      add(tr.target, tr.mu, 0, 0, 0.0, tr.align, false, true);
+        for (double ratio : {0.5, 0.75}) add(with(order, options.pp - 1, -ratio));
+      Builder::Pipe isolated = base;
+      isolated.isolate = true;
+      add(isolated);
     }
     for (auto& pool : pools)
       for (auto& [t, p] : pool) candidates.push_back(reorder_slots(std::move(p), t, batch, cluster, cost, options));

@@ -100,3 +100,25 @@ def test_dynacp_profile_lead_shortens_pipeline_fill() -> None:
                 times[r].append(t)
     light = sum(ts[0] < np.median(ts) for ts in times.values() if len(ts) > 2)
     assert light >= 48
+
+
+def test_dynacp_interleaved_counts_are_multiples_of_pp() -> None:
+    """With vpp > 1 every rank's microbatch count must be a multiple of pp. dynacp's search scores the candidates that
+    break it as infinitely slow (it used to raise the simulator's error from inside the search) and returns one that
+    keeps it, under both count policies."""
+    import dynacp
+
+    cost = dynacp.CostModel()
+    cluster = dynacp.Cluster(num_ranks=16, ranks_per_node=8, activation_budget=16384 * cost.mem_per_token)
+    lengths = np.random.default_rng(1).integers(100, 8000, 100)
+    for policy in ("variable", "equal"):
+        plan = dynacp.plan(lengths, cluster, cost, "dynacp", pp=4, vpp=2, count_policy=policy)
+        plan.validate(lengths, cluster, cost)
+        counts = {plan.microbatches_of(r) for r in range(16)}
+        assert all(c % 4 == 0 for c in counts), counts
+        if policy == "equal":
+            assert len(counts) == 1
+        assert plan.predicted.step_time >= plan.predicted.lower_bound
+    # the anchors do not adapt their counts: they say so with a clear error
+    with pytest.raises(ValueError, match="multiple of pp"):
+        dynacp.plan(lengths, cluster, cost, "packing", pp=4, vpp=2)
