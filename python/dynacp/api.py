@@ -97,8 +97,9 @@ def lower_bound(
     """Seconds no plan of this batch can beat on pipelines of ``pp`` stages (``vpp`` virtual chunks each).
 
     pp = 1: max(total work / P + c, best time of the longest sequence, ...). pp > 1 adds the pipeline fill and
-    drain; for 1F1B (vpp = 1) also the best split of the mean work into microbatches and the longest sequence's
-    microbatch with the other work its ranks run (docs/cost_model.md). It equals ``plan(...).predicted.lower_bound``.
+    drain; for 1F1B (vpp = 1) also the best split of the mean work into microbatches, the longest sequence's
+    microbatch with the other work its ranks run, and the hardest few sequences either meeting on a rank or running on
+    disjoint rings (docs/cost_model.md). It equals ``plan(...).predicted.lower_bound``.
     """
     arr = _as_lengths(lengths)
     return _core.lower_bound(arr, cluster or _core.Cluster(), cost or _core.CostModel(), _as_masks(masks, arr.size),

@@ -14,6 +14,14 @@ int Plan::microbatches_of(int rank) const {
   return n;
 }
 
+std::vector<int> Plan::microbatch_counts(int num_ranks) const {
+  std::vector<int> n(static_cast<std::size_t>(num_ranks), 0);
+  for (const auto& slot : microbatches)
+    for (const auto& g : slot)
+      for (int r : g.ranks) ++n[static_cast<std::size_t>(r)];
+  return n;
+}
+
 void Plan::validate(const Batch& batch, const Cluster& cluster, const CostModel& cost) const {
   if (version != kVersion) invalid("plan version ", version, " is not supported (expected ", kVersion, ")");
   if (num_ranks != cluster.num_ranks)

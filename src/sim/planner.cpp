@@ -70,14 +70,9 @@ Plan plan(const Batch& batch, const Cluster& cluster, const CostModel& cost, con
   const double lb = options.pp > 1 ? lower_bound(batch, cluster, cost, options) : -1.0;  // once, not per candidate
   PlanOptions opts = options;
   opts.score = [&](const Plan& p) {
-    if (options.vpp > 1) {  // interleaving runs whole microbatch groups of pp: other counts are not a candidate
-      std::vector<int> count(static_cast<std::size_t>(cluster.num_ranks), 0);
-      for (const auto& slot : p.microbatches)
-        for (const auto& g : slot)
-          for (int r : g.ranks) ++count[static_cast<std::size_t>(r)];
-      for (int c : count)
+    if (options.vpp > 1)  // interleaving runs whole microbatch groups of pp: other counts are not a candidate
+      for (int c : p.microbatch_counts(cluster.num_ranks))
         if (c % options.pp != 0) return std::numeric_limits<double>::infinity();
-    }
     try {
       return predict_with(p, batch, cluster, cost, options, lb).step_time;
     } catch (const Error&) {  // e.g. a pipelined plan whose shared groups would deadlock under 1F1B

@@ -1041,17 +1041,8 @@ class Builder {
 
 namespace {
 
-/// Microbatches each rank runs.
-std::vector<int> rank_counts(const Plan& plan, int P) {
-  std::vector<int> n(static_cast<std::size_t>(P), 0);
-  for (const auto& slot : plan.microbatches)
-    for (const auto& g : slot)
-      for (int r : g.ranks) ++n[static_cast<std::size_t>(r)];
-  return n;
-}
-
 bool counts_ok(const Plan& plan, int P, const PlanOptions& o) {
-  const std::vector<int> n = rank_counts(plan, P);
+  const std::vector<int> n = plan.microbatch_counts(P);
   for (int c : n) {
     if (o.count_policy == CountPolicy::Equal && c != n.front()) return false;
     if (o.vpp > 1 && c % o.pp != 0) return false;
@@ -1177,8 +1168,9 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     for (int m : grid)
       for (double edge : {1.0, 0.3}) candidates.push_back(b.slotted(m, edge));
     // Per-rank microbatch lists for a geometric grid of microbatch targets below the pipelined lower bound.
-    // (the grid is scaled by the bound without its critical-sequence term, which says little about microbatch sizes)
-    const auto bt = pipelined_bound_terms(batch, cluster, cost, options.pp, options.vpp, false);
+    // (the grid is scaled by the bound without its critical-sequence and shared terms, which say little about
+    // microbatch sizes)
+    const auto bt = pipelined_bound_terms(batch, cluster, cost, options.pp, options.vpp);
     const double lb_pp = std::max({bt.single, bt.wide, bt.average, 1e-12});
     const bool fixed_counts = options.count_policy == CountPolicy::Equal || options.vpp > 1;
     constexpr int kMuGrid = 8;
@@ -1186,28 +1178,23 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     for (double f : {1.0, 1.05, 1.12, 1.25}) targets.push_back(f), targets.push_back(-f * lb_pp);
     // Extra targets near the whole bound, whose critical and shared terms say how far the hardest rings must widen.
     std::vector<double> extra_targets;
-    {
-      const auto full = pipelined_bound_terms(batch, cluster, cost, options.pp, options.vpp);
-      const double lb_full = std::max(full.critical, full.shared);
-      if (lb_full > 1.02 * lb_pp)
-        for (double f : {0.9, 0.95, 1.0, 1.05, 1.1, 1.2}) extra_targets.push_back(-f * lb_full);
-    }
+    if (const double lb_full = std::max(bt.critical, bt.shared); lb_full > 1.02 * lb_pp)
+      for (double f : {0.9, 0.95, 1.0, 1.05, 1.1, 1.2}) extra_targets.push_back(-f * lb_full);
     struct Trial {
-      double score, target, mu;
-      bool align;
+      double score;
+      Builder::Pipe spec;
     };
     std::vector<Trial> trials;
     // Only the best plan that meets the count policy goes on to best_of (each is scored once here).
     // The best few plans that meet the count policy (by score, ties by arrival) go on to the slot-order polish.
-    // Each extra family (1 profile leads: 2 places; 2 isolated, 3 extra targets, 4 tiled: 1) has polish places of its
-    // own, so none pushes out the plain plans (family 0, 3 places) or another family.
-    constexpr int kFamilies = 5;
-    constexpr std::size_t kPolish = 3;
+    // Each family of candidates has polish places of its own, so no extra family pushes out the plain plans or another.
+    enum Family : std::size_t { kPlain, kProfileLead, kIsolated, kExtraTarget, kTiled, kFamilies };
+    constexpr std::size_t kPlaces[kFamilies] = {3, 2, 1, 1, 1};
     std::vector<std::vector<std::pair<double, Plan>>> pools(kFamilies);
-    auto keep = [&](Plan p, double t, int family) {
+    auto keep = [&](Plan p, double t, Family family) {
       if (!std::isfinite(t) || !counts_ok(p, cluster.num_ranks, options)) return;
-      auto& pool = pools[static_cast<std::size_t>(family)];
-      const std::size_t room = family == 0 ? kPolish : family == 1 ? 2 : 1;
+      auto& pool = pools[family];
+      const std::size_t room = kPlaces[family];
       if (pool.size() == room && t >= pool.back().first) return;
       auto at = std::upper_bound(pool.begin(), pool.end(), t,
                                  [](double x, const std::pair<double, Plan>& e) { return x < e.first; });
@@ -1215,11 +1202,15 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       if (pool.size() > room) pool.pop_back();
     };
     auto add = [&](const Builder::Pipe& spec, bool extra_target = false) {
-      const int family = spec.tile ? 4 : extra_target ? 3 : spec.isolate ? 2 : spec.lead_frac < 0 ? 1 : 0;
+      const Family family = spec.tile            ? kTiled
+                            : extra_target       ? kExtraTarget
+                            : spec.isolate       ? kIsolated
+                            : spec.lead_frac < 0 ? kProfileLead
+                                                 : kPlain;
       Plan p = b.pipelined(spec, options.pp);
       if (fixed_counts) {
         const int step = options.vpp > 1 ? options.pp : 1;
-        std::vector<int> n = rank_counts(p, cluster.num_ranks);
+        std::vector<int> n = p.microbatch_counts(cluster.num_ranks);
         std::sort(n.begin(), n.end());
         std::set<int> counts;
         for (int t : {n[n.size() / 2], n.back()}) counts.insert((t + step - 1) / step * step);
@@ -1234,7 +1225,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
         }
       }
       const double t = score(p, batch, cluster, cost, options);
-      if (spec.order == 0 && spec.lead == 0 && family == 0) trials.push_back({t, spec.target, spec.mu, spec.align});
+      if (spec.order == 0 && spec.lead == 0 && family == kPlain) trials.push_back({t, spec});
       keep(std::move(p), t, family);
     };
     // Targets only change the degrees of rings that cannot reach mu: each distinct ring set is built once, with
@@ -1259,13 +1250,16 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       const Trial best = *std::min_element(trials.begin(), trials.end(),
                                            [](const Trial& x, const Trial& y) { return x.score < y.score; });
       const double step = std::pow(0.03, 1.0 / (kMuGrid - 1));
-      for (double f : {-2.0 / 3, -1.0 / 3, 1.0 / 3, 2.0 / 3})
-        add({.target = best.target, .mu = best.mu * std::pow(step, f), .align = best.align});
+      for (double f : {-2.0 / 3, -1.0 / 3, 1.0 / 3, 2.0 / 3}) {
+        Builder::Pipe spec = best.spec;
+        spec.mu *= std::pow(step, f);
+        add(spec);
+      }
     }
     // the best few again with lead microbatches and other orders
     std::stable_sort(trials.begin(), trials.end(), [](const Trial& x, const Trial& y) { return x.score < y.score; });
     for (std::size_t i = 0; i < std::min<std::size_t>(trials.size(), 4); ++i) {
-      const Builder::Pipe base{.target = trials[i].target, .mu = trials[i].mu, .align = trials[i].align};
+      const Builder::Pipe& base = trials[i].spec;
       auto with = [&](int order, int lead, double frac) {
         Builder::Pipe spec = base;
         spec.order = order, spec.lead = lead, spec.lead_frac = frac;

@@ -166,7 +166,7 @@ double shared_term(const Batch& batch, const Cluster& cluster, const CostModel& 
 }  // namespace
 
 PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp,
-                                          int vpp, bool with_critical) {
+                                          int vpp) {
   const auto t = lower_bound_terms(batch, cluster, cost);
   if (pp <= 1) return {t.single, t.wide, t.average, 0.0, 0.0};
   // A microbatch crosses all stages forward and back, so the hardest sequence still takes its whole time.
@@ -205,38 +205,37 @@ PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& clu
     // ranks, the other P - d ranks share W' - d X (W' = sum work - w*), and every rank also obeys G:
     //   T >= min_d min_X max(T(s*, d) + max(0, X - E_d) / (3 pp), G(w* / d + X), G((W' - d X) / (P - d))).
     // (d = P: X = W' / P.) The first two terms grow with X and the last falls, so X is found by bisection.
-    if (with_critical)
-      for (const auto& [len, mask] : t.longest) {
-        GroupStats g;
-        g.add(len, cost.eta(mask));
-        const double ws = cost.work(len, mask), Wp = std::max(0.0, t.average - c) * P - ws;
-        double best = std::numeric_limits<double>::infinity();
-        for (int d = cost.min_degree(len, cluster); d <= cluster.num_ranks; ++d) {
-          const double Td = cost.time(g, d, cluster);
-          if (Td >= best) continue;
-          const double E = std::max(0.0, Td - ws / d - c);
-          auto host = [&](double X) { return std::max(Td + std::max(0.0, X - E) / (3 * n), G(ws / d + X)); };
-          if (d == cluster.num_ranks) {
-            best = std::min(best, host(std::max(0.0, Wp) / P));
-            continue;
-          }
-          auto rest = [&](double X) { return G((Wp - d * X) / (P - d)); };
-          double lo = 0.0, hi = std::max(0.0, Wp) / d;
-          if (rest(lo) <= host(lo)) {
-            best = std::min(best, host(lo));
-            continue;
-          }
-          for (int it = 0; it < 50; ++it) {
-            const double mid = 0.5 * (lo + hi);
-            (host(mid) < rest(mid) ? lo : hi) = mid;
-          }
-          // The crossing lies in [lo, hi]: left of it max >= rest(lo), right of it >= host(hi), inside it >=
-          // max(host(lo), rest(hi)), which is the smallest of the three.
-          best = std::min(best, std::max(host(lo), rest(hi)));
+    for (const auto& [len, mask] : t.longest) {
+      GroupStats g;
+      g.add(len, cost.eta(mask));
+      const double ws = cost.work(len, mask), Wp = std::max(0.0, t.average - c) * P - ws;
+      double best = std::numeric_limits<double>::infinity();
+      for (int d = cost.min_degree(len, cluster); d <= cluster.num_ranks; ++d) {
+        const double Td = cost.time(g, d, cluster);
+        if (Td >= best) continue;
+        const double E = std::max(0.0, Td - ws / d - c);
+        auto host = [&](double X) { return std::max(Td + std::max(0.0, X - E) / (3 * n), G(ws / d + X)); };
+        if (d == cluster.num_ranks) {
+          best = std::min(best, host(std::max(0.0, Wp) / P));
+          continue;
         }
-        if (std::isfinite(best)) critical = std::max(critical, best);
+        auto rest = [&](double X) { return G((Wp - d * X) / (P - d)); };
+        double lo = 0.0, hi = std::max(0.0, Wp) / d;
+        if (rest(lo) <= host(lo)) {
+          best = std::min(best, host(lo));
+          continue;
+        }
+        for (int it = 0; it < 50; ++it) {
+          const double mid = 0.5 * (lo + hi);
+          (host(mid) < rest(mid) ? lo : hi) = mid;
+        }
+        // The crossing lies in [lo, hi]: left of it max >= rest(lo), right of it >= host(hi), inside it >=
+        // max(host(lo), rest(hi)), which is the smallest of the three.
+        best = std::min(best, std::max(host(lo), rest(hi)));
       }
-    if (with_critical) shared = shared_term(batch, cluster, cost, pp, std::max(0.0, t.average - c) * P, G);
+      if (std::isfinite(best)) critical = std::max(critical, best);
+    }
+    shared = shared_term(batch, cluster, cost, pp, std::max(0.0, t.average - c) * P, G);
   }
   const double wide = t.wide_work > 0 ? (t.wide_work / P + c) / n : 0.0;
   return {t.single, wide, average, critical, shared};

@@ -41,6 +41,8 @@ struct Plan {
 
   /// Number of slots rank r takes part in.
   int microbatches_of(int rank) const;
+  /// microbatches_of every rank in [0, num_ranks), in one pass.
+  std::vector<int> microbatch_counts(int num_ranks) const;
   /// Checks the invariants; throws InvalidArgument describing the first violation:
   /// every id in [0, n) exactly once, ranks in [0, P) and at most once per slot, no empty group, and every
   /// group's per-rank share ceil(sum s / d) within the token capacity of `cost` on `cluster`.

@@ -32,10 +32,9 @@ struct PipelinedBoundTerms {
   double shared = 0.0;    ///< vpp = 1: the hardest sequences on disjoint rings, or two of them meeting on a rank
 };
 /// The terms of the pipelined lower_bound (which is their maximum); pp = 1 gives the plain terms, critical and shared
-/// 0. with_critical = false skips the critical and shared terms (left 0), the costly ones, for callers that do not need
-/// them.
+/// 0.
 PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp,
-                                          int vpp = 1, bool with_critical = true);
+                                          int vpp = 1);
 
 struct LowerBoundTerms {
   double average = 0.0;    ///< sum of work / P + c (every rank in use pays one group overhead)
