@@ -1278,8 +1278,14 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     for (auto& pool : pools)
       for (auto& [t, p] : pool) candidates.push_back(reorder_slots(std::move(p), t, batch, cluster, cost, options));
   }
-  for (const auto& s : strategies())
-    if (std::string(s.name) != "dynacp") candidates.push_back(s.fn(batch, cluster, cost, options));
+  for (const auto& s : strategies()) {
+    if (std::string(s.name) == "dynacp") continue;
+    try {
+      candidates.push_back(s.fn(batch, cluster, cost, options));
+    } catch (const Error&) {  // an anchor that cannot plan this batch (megatron, when its microbatches cannot be
+                              // split to a multiple of pp under vpp > 1); bad input (InvalidArgument) still raises
+    }
+  }
   if (options.pp > 1) {
     std::vector<Plan> ok;
     for (auto& p : candidates)

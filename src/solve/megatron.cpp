@@ -9,7 +9,10 @@
 //     1.05 * tall * capacity; ties favour smaller cp and "add"; sequences with no option wait for the next call;
 //   - empty ranks are filled by doubling the smallest group; when that cannot fill the pool (P not a power of
 //     two), the microbatch falls back to one group of all P ranks;
-//   - every rank runs every microbatch (equal counts).
+//   - every rank runs every microbatch (equal counts);
+//   - with vpp > 1 the count is brought to a multiple of pp (Megatron's microbatch group size per virtual stage) as
+//     its `align_sample_id_groups` does: microbatches from the last one backwards are split at the group boundary
+//     nearest the middle of the pool, and each half fills the pool again by doubling its leftmost smallest group.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -35,9 +38,52 @@ int pow2_at_least(std::int64_t x) {
   return p;
 }
 
+// Groups of one microbatch laid out left to right from rank 0 (sizes non-increasing).
+std::vector<Group> lay_out(std::vector<std::pair<int, std::vector<std::int64_t>>> groups) {
+  std::vector<Group> slot;
+  int first = 0;
+  for (auto& [size, ids] : groups) {
+    Group g;
+    for (int r = 0; r < size; ++r) g.ranks.push_back(first + r);
+    first += size;
+    g.sequences = std::move(ids);
+    slot.push_back(std::move(g));
+  }
+  return slot;
+}
+
+// Fills the pool again after a split: double the leftmost of the smallest groups until the groups cover all P ranks
+// (Megatron's fill-by-expanding-CP). False when a doubling would overrun the pool (P not a power of two).
+bool refill(std::vector<std::pair<int, std::vector<std::int64_t>>>& groups, int P) {
+  int used = 0;
+  for (const auto& g : groups) used += g.first;
+  while (used < P) {
+    std::size_t j = groups.size() - 1;
+    while (j > 0 && groups[j - 1].first == groups.back().first) --j;
+    if (used + groups[j].first > P) return false;
+    used += groups[j].first;
+    groups[j].first *= 2;
+  }
+  return true;
+}
+
+// Split one microbatch into two that each cover the pool: the groups left of the first boundary at or past P / 2,
+// and the rest. Empty when it has one group or a half cannot refill the pool.
+std::vector<std::vector<Group>> split_microbatch(const std::vector<Group>& slot, int P) {
+  if (slot.size() < 2) return {};
+  std::vector<std::pair<int, std::vector<std::int64_t>>> left, right;
+  int covered = 0;
+  for (const auto& g : slot) {
+    (covered < P / 2 ? left : right).push_back({static_cast<int>(g.ranks.size()), g.sequences});
+    covered += static_cast<int>(g.ranks.size());
+  }
+  if (right.empty() || !refill(left, P) || !refill(right, P)) return {};
+  return {lay_out(std::move(right)), lay_out(std::move(left))};
+}
+
 }  // namespace
 
-Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions&) {
+Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options) {
   const int P = cluster.num_ranks;
   const std::int64_t cap = cost.token_capacity(cluster);
   auto len = [&](std::int64_t id) { return batch.lengths[static_cast<std::size_t>(id)]; };
@@ -149,6 +195,25 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
     }
     plan.microbatches.push_back(std::move(slot));
     remaining = std::move(leftover);
+  }
+  if (options.vpp > 1 && options.pp > 1) {
+    // Interleaved 1F1B runs microbatches in groups of pp per virtual stage: split microbatches, from the last one
+    // backwards and each at most once, until the count is a multiple of pp. The right half takes the split one's
+    // place and the left half goes to the end.
+    const auto n = static_cast<std::ptrdiff_t>(plan.microbatches.size());
+    std::ptrdiff_t missing = (options.pp - n % options.pp) % options.pp;
+    for (std::ptrdiff_t i = n - 1; missing > 0 && i >= 0; --i) {
+      auto halves = split_microbatch(plan.microbatches[static_cast<std::size_t>(i)], P);
+      if (halves.empty()) continue;
+      plan.microbatches[static_cast<std::size_t>(i)] = std::move(halves[0]);
+      plan.microbatches.push_back(std::move(halves[1]));
+      --missing;
+    }
+    if (missing > 0)
+      throw Error(detail::cat("megatron: cannot make its ", n, " microbatch(es) a multiple of pp = ", options.pp,
+                              " under vpp = ", options.vpp, ": ", missing,
+                              " more are needed and no microbatch left to split has two groups (Megatron-Core's "
+                              "alignment asserts here too); use vpp = 1 or a larger global batch"));
   }
   return plan;
 }

@@ -167,6 +167,88 @@ TEST(Strategies, PackingBaselineByHand) {
   EXPECT_EQ(p.microbatches_of(2), 1);
 }
 
+TEST(Strategies, MegatronByHandAndAlignedForInterleaving) {
+  CostModel cost;
+  const Cluster c = make_cluster(8, 8, 16384, cost);
+  // 60000 tokens open a group of cp_min 4; each 30000 takes a new group of 2 (adding would overflow a rank, and a
+  // new group of 4 ties the global max, so the smaller cp wins): one microbatch [4 | 2 | 2].
+  const Batch b({60000, 30000, 30000});
+  PlanOptions o;
+  o.strategy = "megatron";
+  o.pp = 2;
+  const Plan p = plan(b, c, cost, o);
+  ASSERT_EQ(p.microbatches.size(), 1u);
+  EXPECT_EQ(p.microbatches[0][0], (Group{{0, 1, 2, 3}, {0}}));
+  EXPECT_EQ(p.microbatches[0][1], (Group{{4, 5}, {1}}));
+  EXPECT_EQ(p.microbatches[0][2], (Group{{6, 7}, {2}}));
+  // vpp = 2 needs a multiple of pp = 2: split at the boundary at P / 2; the right half [2 | 2] takes the place
+  // (its leftmost smallest group doubles, then the other: [4 | 4]) and the left half [4] doubles to [8] at the end.
+  o.vpp = 2;
+  const Plan q = plan(b, c, cost, o);
+  ASSERT_EQ(q.microbatches.size(), 2u);
+  ASSERT_EQ(q.microbatches[0].size(), 2u);
+  EXPECT_EQ(q.microbatches[0][0], (Group{{0, 1, 2, 3}, {1}}));
+  EXPECT_EQ(q.microbatches[0][1], (Group{{4, 5, 6, 7}, {2}}));
+  ASSERT_EQ(q.microbatches[1].size(), 1u);
+  EXPECT_EQ(q.microbatches[1][0], (Group{{0, 1, 2, 3, 4, 5, 6, 7}, {0}}));
+  // One sequence needing the whole pool, then 40 short ones: microbatches [8] and eight groups of 1. At pp = 4 two
+  // more are needed; the second splits once, the first has one group: Megatron-Core asserts, we raise.
+  const Batch wide = [] {
+    std::vector<std::int64_t> l(41, 1000);
+    l[0] = 120000;
+    return Batch(l);
+  }();
+  o.pp = 4;
+  try {
+    plan(wide, c, cost, o);
+    ADD_FAILURE() << "megatron should not reach 4 microbatches";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of pp = 4"), std::string::npos) << e.what();
+  }
+  // dynacp skips the anchor that cannot plan and still honours the rule
+  o.strategy = "dynacp";
+  const Plan d = plan(wide, c, cost, o);
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(d.microbatches_of(r) % 4, 0) << r;
+}
+
+TEST(Strategies, MegatronCountsAreMultiplesOfPpUnderInterleaving) {
+  std::mt19937_64 rng(11);
+  CostModel cost;
+  int aligned = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    const int P = 1 << (1 + static_cast<int>(rng() % 4));
+    const std::int64_t cap = 1024 + static_cast<std::int64_t>(rng() % 4096);
+    const Cluster c = make_cluster(P, std::min(P, 8), cap, cost);
+    const Batch b = random_batch(rng, 20 + static_cast<int>(rng() % 200), cap * P, trial % 2 == 0);
+    PlanOptions o;
+    o.strategy = "megatron";
+    o.pp = 2 + static_cast<int>(rng() % 3);
+    const Plan base = plan(b, c, cost, o);
+    o.vpp = 2;
+    try {
+      const Plan p = plan(b, c, cost, o);  // validated by plan(): every sequence exactly once
+      ++aligned;
+      const auto n = p.microbatches.size();
+      EXPECT_EQ(n % static_cast<std::size_t>(o.pp), 0u) << trial;
+      EXPECT_LT(n - base.microbatches.size(), static_cast<std::size_t>(o.pp)) << trial;  // only what is missing
+      for (const auto& slot : p.microbatches) {  // contiguous power-of-two groups, largest first, covering the pool
+        int next = 0;
+        std::size_t prev = static_cast<std::size_t>(P);
+        for (const auto& g : slot) {
+          EXPECT_EQ(g.ranks.front(), next) << trial;
+          EXPECT_EQ(g.ranks.size() & (g.ranks.size() - 1), 0u) << trial;
+          EXPECT_LE(g.ranks.size(), prev) << trial;
+          prev = g.ranks.size(), next += static_cast<int>(g.ranks.size());
+        }
+        EXPECT_EQ(next, P) << trial;
+      }
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("multiple of pp"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_GT(aligned, 60);
+}
+
 TEST(Strategies, AllPlansValidOnRandomBatchesAndNeverBeatTheLowerBound) {
   std::mt19937_64 rng(7);
   CostModel cost;
