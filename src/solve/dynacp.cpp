@@ -1050,6 +1050,41 @@ bool counts_ok(const Plan& plan, int P, const PlanOptions& o) {
   return true;
 }
 
+// The fallback when no candidate meets the count policy (few sequences per rank): m exclusive slots, m the largest
+// multiple of `multiple` (pp under vpp > 1, else 1) not above the number of sequences, each one group of all P ranks;
+// sequences, largest work first, go to the slot with the least work that still has token room. Every rank runs m
+// microbatches, so both count rules hold; an empty plan when m = 0 or the tokens do not fit.
+Plan pool_slots(const Batch& batch, const Cluster& cluster, const CostModel& cost, int multiple) {
+  const auto n = static_cast<std::int64_t>(batch.size());
+  const std::int64_t m = n / multiple * multiple, room = cost.token_capacity(cluster) * cluster.num_ranks;
+  if (m == 0) return {};
+  std::vector<std::int64_t> ids(batch.size());
+  std::iota(ids.begin(), ids.end(), std::int64_t{0});
+  auto work = [&](std::int64_t i) {
+    return cost.work(batch.lengths[static_cast<std::size_t>(i)], batch.mask(static_cast<std::size_t>(i)));
+  };
+  std::stable_sort(ids.begin(), ids.end(), [&](std::int64_t a, std::int64_t b) { return work(a) > work(b); });
+  std::vector<double> load(static_cast<std::size_t>(m), 0.0);
+  std::vector<std::int64_t> tokens(static_cast<std::size_t>(m), 0);
+  Plan plan;
+  plan.microbatches.resize(static_cast<std::size_t>(m));
+  std::vector<int> all(static_cast<std::size_t>(cluster.num_ranks));
+  std::iota(all.begin(), all.end(), 0);
+  for (auto& slot : plan.microbatches) slot.push_back(Group{all, {}});
+  for (std::int64_t i : ids) {
+    std::size_t best = load.size();
+    for (std::size_t k = 0; k < load.size(); ++k)
+      if (tokens[k] + batch.lengths[static_cast<std::size_t>(i)] <= room &&
+          (best == load.size() || load[k] < load[best]))
+        best = k;
+    if (best == load.size()) return {};
+    load[best] += work(i), tokens[best] += batch.lengths[static_cast<std::size_t>(i)];
+    plan.microbatches[best][0].sequences.push_back(i);
+  }
+  for (auto& slot : plan.microbatches) std::sort(slot[0].sequences.begin(), slot[0].sequences.end());
+  return plan;
+}
+
 }  // namespace
 
 // Slot order polish for pipelined plans, scored by the simulator: a slot is one list index on every rank it
@@ -1290,10 +1325,15 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     std::vector<Plan> ok;
     for (auto& p : candidates)
       if (counts_ok(p, cluster.num_ranks, options)) ok.push_back(std::move(p));
+    if (ok.empty())  // few sequences per rank: whole-pool slots
+      if (Plan p = pool_slots(batch, cluster, cost, options.vpp > 1 ? options.pp : 1); !p.microbatches.empty())
+        ok.push_back(std::move(p));
     if (ok.empty())
-      throw InvalidArgument(
-          "dynacp: no plan meets the count policy (equal counts need at least one sequence per "
-          "rank and microbatch; interleaving needs counts divisible by pp)");
+      invalid(
+          "dynacp: no plan meets the count policy (", batch.size(), " sequences on ", cluster.num_ranks,
+          " ranks, pp = ", options.pp, ", vpp = ", options.vpp,
+          "): interleaving needs every rank's microbatch count divisible by pp and equal counts "
+          "one count for all; whole-pool slots need at least pp sequences under vpp > 1, and their tokens must fit");
     candidates = std::move(ok);
   }
   return best_of(std::move(candidates), batch, cluster, cost, options);

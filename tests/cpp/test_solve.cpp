@@ -249,6 +249,31 @@ TEST(Strategies, MegatronCountsAreMultiplesOfPpUnderInterleaving) {
   EXPECT_GT(aligned, 60);
 }
 
+TEST(Strategies, DynacpPlansEveryInterleavedBatchWithAtLeastPpSequences) {
+  // Few sequences per rank: no ordinary candidate may meet the vpp rule (the fuzz target found such batches), so
+  // dynacp falls back to whole-pool slots; it must plan every batch of >= pp sequences and honour the rule.
+  std::mt19937_64 rng(23);
+  CostModel cost;
+  for (int trial = 0; trial < 100; ++trial) {
+    const int rpn = 1 + static_cast<int>(rng() % 8);
+    const int P = rpn * (1 + static_cast<int>(rng() % 7));
+    const std::int64_t cap = 256 + static_cast<std::int64_t>(rng() % 8192);
+    const Cluster c = make_cluster(P, rpn, cap, cost);
+    PlanOptions o;
+    o.strategy = "dynacp";
+    o.pp = 2 + static_cast<int>(rng() % 2);
+    o.vpp = 2;
+    const Batch b = random_batch(rng, o.pp + static_cast<int>(rng() % 40), cap * P, trial % 2 == 0);
+    const Plan p = plan(b, c, cost, o);
+    for (int r = 0; r < P; ++r) ASSERT_EQ(p.microbatches_of(r) % o.pp, 0) << "trial " << trial << " rank " << r;
+  }
+  PlanOptions o;
+  o.strategy = "dynacp";
+  o.pp = 2;
+  o.vpp = 2;
+  EXPECT_THROW(plan(Batch({3000}), make_cluster(8, 8, 4096, cost), cost, o), InvalidArgument);  // one sequence
+}
+
 TEST(Strategies, AllPlansValidOnRandomBatchesAndNeverBeatTheLowerBound) {
   std::mt19937_64 rng(7);
   CostModel cost;

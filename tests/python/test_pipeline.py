@@ -119,6 +119,11 @@ def test_dynacp_interleaved_counts_are_multiples_of_pp() -> None:
         if policy == "equal":
             assert len(counts) == 1
         assert plan.predicted.step_time >= plan.predicted.lower_bound
-    # the anchors do not adapt their counts: they say so with a clear error
+    # megatron splits microbatches to a multiple of pp as Megatron-Core does; the other anchors do not adapt their
+    # counts and say so with a clear error
+    base = dynacp.plan(lengths, cluster, cost, "megatron", pp=4)
+    aligned = dynacp.plan(lengths, cluster, cost, "megatron", pp=4, vpp=2)
+    assert len(base.microbatches) % 4 != 0 and len(aligned.microbatches) % 4 == 0
+    assert {aligned.microbatches_of(r) for r in range(16)} == {len(aligned.microbatches)}
     with pytest.raises(ValueError, match="multiple of pp"):
         dynacp.plan(lengths, cluster, cost, "packing", pp=4, vpp=2)
