@@ -1322,19 +1322,20 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     }
   }
   if (options.pp > 1) {
-    std::vector<Plan> ok;
-    for (auto& p : candidates)
-      if (counts_ok(p, cluster.num_ranks, options)) ok.push_back(std::move(p));
-    if (ok.empty())  // few sequences per rank: whole-pool slots
-      if (Plan p = pool_slots(batch, cluster, cost, options.vpp > 1 ? options.pp : 1); !p.microbatches.empty())
-        ok.push_back(std::move(p));
-    if (ok.empty())
-      invalid(
-          "dynacp: no plan meets the count policy (", batch.size(), " sequences on ", cluster.num_ranks,
-          " ranks, pp = ", options.pp, ", vpp = ", options.vpp,
-          "): interleaving needs every rank's microbatch count divisible by pp and equal counts "
-          "one count for all; whole-pool slots need at least pp sequences under vpp > 1, and their tokens must fit");
-    candidates = std::move(ok);
+    // The fastest plan that meets the count policy and that the simulator accepts (a finite score; ties keep the
+    // earlier). When none does (few sequences per rank), whole-pool slots: one group per slot cannot deadlock.
+    std::size_t best = candidates.size();
+    double best_t = std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < candidates.size(); ++i) {
+      if (!counts_ok(candidates[i], cluster.num_ranks, options)) continue;
+      if (const double t = score(candidates[i], batch, cluster, cost, options); t < best_t) best = i, best_t = t;
+    }
+    if (best < candidates.size()) return std::move(candidates[best]);
+    if (Plan p = pool_slots(batch, cluster, cost, options.vpp > 1 ? options.pp : 1); !p.microbatches.empty()) return p;
+    invalid("dynacp: no plan meets the count policy (", batch.size(), " sequences on ", cluster.num_ranks,
+            " ranks, pp = ", options.pp, ", vpp = ", options.vpp,
+            "): interleaving needs every rank's microbatch count divisible by pp and equal counts one count for all; "
+            "whole-pool slots need at least pp sequences under vpp > 1, and their tokens must fit");
   }
   return best_of(std::move(candidates), batch, cluster, cost, options);
 }
