@@ -37,6 +37,22 @@ def test_compare_on_a_lengths_file(tmp_path, capsys) -> None:
     assert main(["compare", "--lengths", str(npy), "--gbs", "3", "--batches", "1", "--json"]) == 0
 
 
+def test_compare_interleaved_reports_anchors_that_cannot_interleave(capsys) -> None:
+    """Under vpp > 1 the anchors whose microbatch counts break the rule show as failed rows (ValueError from the
+    simulator, RuntimeError from megatron's alignment); dynacp still plans. It used to abort the whole command."""
+    args = ["compare", "--dist", "wikipedia", "--gbs", "128", "--ranks", "16", "--pp", "4", "--vpp", "2",
+            "--batches", "1", "--json"]
+    assert main(args) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert "multiple of pp = 4" in res["packing"]["error"]
+    assert "multiple of pp = 4" in res["megatron"]["error"]
+    assert res["dynacp"]["step_time"] >= res["dynacp"]["lower_bound"] > 0
+    # one sequence cannot give any rank a multiple of 4 microbatches: every strategy rejects the batch, and the
+    # command reports it as an input error (exit 2) instead of a table of failures
+    assert main(["compare", "--gbs", "1", "--pp", "4", "--vpp", "2", "--batches", "1"]) == 2
+    assert "multiple of pp = 4" in capsys.readouterr().err
+
+
 def test_plan_writes_a_valid_plan(tmp_path) -> None:
     f = tmp_path / "lengths.txt"
     lengths = [7000, 300, 12000, 50, 900]

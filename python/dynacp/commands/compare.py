@@ -47,14 +47,19 @@ def compare(args: argparse.Namespace) -> Dict[str, Dict[str, float]]:
         except ImportError:
             pass
     errors: Dict[str, str] = {}
+    invalid: List[ValueError] = []
     for b, name in it:
         lengths = batch_list[b]
         if name in errors:
             continue
         try:
             p = make_plan(lengths, cluster, cost, name, pp=args.pp, vpp=args.vpp, count_policy=args.count_policy)
-        except RuntimeError as e:  # e.g. a pipelined plan that would deadlock under 1F1B
+        except (RuntimeError, ValueError) as e:
+            # RuntimeError: e.g. a pipelined plan that would deadlock under 1F1B; ValueError: e.g. an anchor whose
+            # microbatch counts break the vpp rule. Either way the other strategies still run.
             errors[name] = f"batch {b}: {e}"
+            if isinstance(e, ValueError):
+                invalid.append(e)
             continue
         if b == 0:
             first_plans[name] = p
@@ -71,6 +76,8 @@ def compare(args: argparse.Namespace) -> Dict[str, Dict[str, float]]:
             ("microbatches", float(len(p.microbatches))),
         ]:
             r.setdefault(key, []).append(val)
+    if invalid and len(errors) == len(names):
+        raise invalid[0]  # every strategy rejected the input: report it as the input error it is
     out: Dict[str, Dict[str, float]] = {}
     base = np.asarray(rows["packing"]["step_time"]) if "packing" in rows and "packing" not in errors else None
     for name in names:
