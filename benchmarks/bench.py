@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Benchmark driver: every strategy on every embedded distribution and on FCP's extreme batch, pp in {1, 4}.
+"""Benchmark driver: every strategy on every embedded distribution and on FCP's extreme batch, pp in {1, 4}
+(and, with --vpp 2, interleaved 1F1B).
 
 Prints a markdown table (what docs/benchmarks.md records): per workload and pp, each strategy's mean predicted step
 time, speed-up over `packing`, mean gap to the lower bound, and median solve time; plus whether `dynacp` was at least
@@ -7,6 +8,11 @@ as fast as every other strategy on every batch. Predicted times come from dynacp
 `bytescale-fig6a` preset); solve times are measured on this machine.
 
     python3 benchmarks/bench.py --batches 8 --ranks 64 --gbs 512
+    python3 benchmarks/bench.py --batches 4 --pp 4 --vpp 2
+
+An anchor's plan that the simulator rejects shows as `[k deadlock]` (shared CP groups at different 1F1B positions)
+or, under vpp > 1, `[k no vpp]` (microbatch counts that are not multiples of pp; megatron splits to one where it
+can).
 """
 
 from __future__ import annotations
@@ -62,15 +68,23 @@ def run(args: argparse.Namespace) -> Tuple[List[str], bool]:
         gen = workloads(args.gbs, args.seed)[wname]
         steps = {n: [] for n in names}
         gaps = {n: [] for n in names}
+        failed: Dict[str, Dict[str, int]] = {n: {} for n in names}
         solve = []
         ok = True
         for _ in range(args.batches):
             lengths = next(gen)
             best_other = np.inf
             for n in names:
+                vpp = args.vpp if pp > 1 else 1
                 try:
-                    p = dynacp.plan(lengths, cluster, cost, n, pp=pp)
-                except RuntimeError:  # an anchor's pipelined plan that would deadlock under 1F1B
+                    p = dynacp.plan(lengths, cluster, cost, n, pp=pp, vpp=vpp)
+                except (RuntimeError, ValueError) as e:
+                    # an anchor's pipelined plan that would deadlock under 1F1B, or under vpp > 1 whose counts are
+                    # not multiples of pp; anything else (and any dynacp failure) is a real error
+                    why = "deadlock" if "cycle" in str(e) else "no vpp" if "multiple of pp" in str(e) else None
+                    if why is None or n == "dynacp":
+                        raise
+                    failed[n][why] = failed[n].get(why, 0) + 1
                     steps[n].append(np.nan)
                     gaps[n].append(np.nan)
                     continue
@@ -89,12 +103,13 @@ def run(args: argparse.Namespace) -> Tuple[List[str], bool]:
         for n in names:
             s = np.asarray(steps[n])
             if np.isnan(s).all():
-                cells.append("deadlock")
+                cells.append(" / ".join(failed[n]))
                 continue
-            bad = int(np.isnan(s).sum())
-            cell = f"{np.nanmean(s):.3f} ({np.nanmean(base / s):.2f}x, {np.nanmean(gaps[n]):.1%})"
-            cells.append(cell + (f" [{bad} deadlock]" if bad else ""))
-        lines.append(f"| {wname} | {pp} | " + " | ".join(cells) + f" | {np.median(solve):.2f} | {'yes' if ok else 'NO'} |")
+            speedup = f"{np.nanmean(base / s):.2f}x" if not np.isnan(base / s).all() else "-"
+            cell = f"{np.nanmean(s):.3f} ({speedup}, {np.nanmean(gaps[n]):.1%})"
+            cells.append(cell + "".join(f" [{k} {why}]" for why, k in failed[n].items()))
+        label = f"{pp} (vpp {args.vpp})" if pp > 1 and args.vpp > 1 else f"{pp}"
+        lines.append(f"| {wname} | {label} | " + " | ".join(cells) + f" | {np.median(solve):.2f} | {'yes' if ok else 'NO'} |")
     if bar:
         bar.close()
     return lines, all_ok
@@ -108,6 +123,7 @@ def main() -> int:
     ap.add_argument("--tokens-per-rank", type=int, default=16384)
     ap.add_argument("--gbs", type=int, default=512)
     ap.add_argument("--pp", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--vpp", type=int, default=1, help="virtual stages for the pp > 1 rows (interleaved 1F1B)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     lines, ok = run(args)

@@ -413,7 +413,8 @@ class Builder {
   struct Pipe {
     double target = 1.0;     ///< degree rule for rings that cannot reach mu
     double mu = 0.0;         ///< microbatch target, seconds
-    int count = 0;           ///< > 0: microbatches per rank to bring every rank to
+    int count = 0;           ///< > 0: microbatches per rank to bring every rank to; < 0: each rank to the
+                             ///< nearest multiple of -count (at least -count)
     int order = 0;           ///< order of a rank's own microbatches
     int lead = 0;            ///< lead microbatches
     double lead_frac = 0.5;  ///< their size (< 0: profile lead)
@@ -433,9 +434,10 @@ class Builder {
   ///      microbatch while that stays within mu and the token capacity, else into a new one;
   ///   3. a local search moves single sequences from the rank with the largest estimate to the smallest.
   /// A ring placed in round k runs at list index k on all its ranks (others run one of their own microbatches
-  /// there), and the rank's own microbatches fill the other indices in the given `order`. With `count` > 0 every rank
-  /// is then brought to `count` microbatches where the data allows (split the heaviest multi-sequence microbatch, or
-  /// merge the two lightest that fit together). `target` > 0: ring sequences that cannot reach mu take the smallest
+  /// there), and the rank's own microbatches fill the other indices in the given `order`. With `count` < 0 each rank
+  /// is brought to the nearest multiple of -count instead (interleaving with variable counts). With `count` > 0 every
+  /// rank is then brought to `count` microbatches where the data allows (split the heaviest multi-sequence microbatch,
+  /// or merge the two lightest that fit together). `target` > 0: ring sequences that cannot reach mu take the smallest
   /// degree within target x their fastest time; `target` < 0: within -target seconds. `order`: 0 the rank's own
   /// microbatches heaviest first; 1 (or 2) in pyramid order; 3 rise then fall, rounds permuted alike (rise_then_fall).
   /// `lead` > 0: the ranks of each first-round ring first run `lead` microbatches of their own, each packed to
@@ -618,7 +620,7 @@ class Builder {
     std::vector<int> fixed = rings_on;
     for (int r = 0; r < P; ++r)
       fixed[static_cast<std::size_t>(r)] += static_cast<int>(pre[static_cast<std::size_t>(r)].size());
-    if (count > 0) equalize_counts(bins, fixed, count);
+    if (count != 0) equalize_counts(bins, fixed, count);
     // Emission in rounds: round k holds the rings placed in it, and every other rank runs one of its own
     // microbatches there, so a ring sits at the same list index on all its ranks (no 1F1B position mismatch between
     // the ranks of a group). Order 3 first permutes the rounds (the same on every rank, so rings stay aligned) into
@@ -733,10 +735,12 @@ class Builder {
 
   /// Brings every rank's microbatch count (its rings plus its bins) towards `count`: splits the heaviest bin with
   /// two or more sequences (two-way LPT) while below, merges the two lightest bins that fit one rank while above.
-  void equalize_counts(std::vector<std::vector<Bin>>& bins, const std::vector<int>& rings_on, int count) const {
+  void equalize_counts(std::vector<std::vector<Bin>>& bins, const std::vector<int>& rings_on, int want) const {
     for (std::size_t r = 0; r < bins.size(); ++r) {
       auto& rb = bins[r];
       auto n = [&] { return static_cast<int>(rb.size()) + rings_on[r]; };
+      if (n() == 0) continue;  // a rank with nothing to run keeps it that way
+      const int step = -want, count = want > 0 ? want : std::max(step, (n() + step / 2) / step * step);
       while (n() < count) {
         std::size_t heavy = rb.size();
         for (std::size_t j = 0; j < rb.size(); ++j)
@@ -1207,6 +1211,14 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     // microbatch sizes)
     const auto bt = pipelined_bound_terms(batch, cluster, cost, options.pp, options.vpp);
     const double lb_pp = std::max({bt.single, bt.wide, bt.average, 1e-12});
+    // With vpp > 1 the grid is walked a second time, scaled by the plain 1F1B terms: the interleaved bound lacks the
+    // best-split term, so its grid leans towards microbatches too small for their overhead. Those plans, and those
+    // that bring each rank to its own nearest multiple of pp, form a family of their own (kInterleaved).
+    double lb_alt = 0.0;
+    if (options.vpp > 1) {
+      const auto b1 = pipelined_bound_terms(batch, cluster, cost, options.pp, 1);
+      lb_alt = std::max({b1.single, b1.wide, b1.average, 1e-12});
+    }
     const bool fixed_counts = options.count_policy == CountPolicy::Equal || options.vpp > 1;
     constexpr int kMuGrid = 8;
     std::vector<double> targets;
@@ -1223,8 +1235,8 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     // Only the best plan that meets the count policy goes on to best_of (each is scored once here).
     // The best few plans that meet the count policy (by score, ties by arrival) go on to the slot-order polish.
     // Each family of candidates has polish places of its own, so no extra family pushes out the plain plans or another.
-    enum Family : std::size_t { kPlain, kProfileLead, kIsolated, kExtraTarget, kTiled, kFamilies };
-    constexpr std::size_t kPlaces[kFamilies] = {3, 2, 1, 1, 1};
+    enum Family : std::size_t { kPlain, kProfileLead, kIsolated, kExtraTarget, kTiled, kInterleaved, kFamilies };
+    constexpr std::size_t kPlaces[kFamilies] = {3, 2, 1, 1, 1, 2};
     std::vector<std::vector<std::pair<double, Plan>>> pools(kFamilies);
     auto keep = [&](Plan p, double t, Family family) {
       if (!std::isfinite(t) || !counts_ok(p, cluster.num_ranks, options)) return;
@@ -1236,8 +1248,9 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       pool.insert(at, {t, std::move(p)});
       if (pool.size() > room) pool.pop_back();
     };
-    auto add = [&](const Builder::Pipe& spec, bool extra_target = false) {
-      const Family family = spec.tile            ? kTiled
+    auto add = [&](const Builder::Pipe& spec, bool extra_target = false, bool alt = false) {
+      const Family family = alt                  ? kInterleaved
+                            : spec.tile          ? kTiled
                             : extra_target       ? kExtraTarget
                             : spec.isolate       ? kIsolated
                             : spec.lead_frac < 0 ? kProfileLead
@@ -1249,13 +1262,15 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
         std::sort(n.begin(), n.end());
         std::set<int> counts;
         for (int t : {n[n.size() / 2], n.back()}) counts.insert((t + step - 1) / step * step);
+        // interleaving with variable counts: also each rank to its own nearest multiple of pp
+        if (options.vpp > 1 && options.count_policy == CountPolicy::Variable) counts.insert(-options.pp);
         for (int t : counts) {
           Builder::Pipe counted = spec;
           counted.count = t;
           Plan q = b.pipelined(counted, options.pp);
           if (counts_ok(q, cluster.num_ranks, options)) {
             const double tq = score(q, batch, cluster, cost, options);
-            keep(std::move(q), tq, family);
+            keep(std::move(q), tq, t < 0 ? kInterleaved : family);
           }
         }
       }
@@ -1265,18 +1280,21 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     };
     // Targets only change the degrees of rings that cannot reach mu: each distinct ring set is built once, with
     // rings placed by estimate and with ranks of fewer rings first (align).
-    for (int k = 0; k < kMuGrid; ++k) {
-      const double mu = lb_pp * std::pow(0.03, static_cast<double>(k) / (kMuGrid - 1));
+    for (int k = 0; k < (lb_alt > 0 ? 2 : 1) * kMuGrid; ++k) {
+      const bool alt = k >= kMuGrid;  // the second walk under vpp > 1 (its targets scale with lb_alt as well)
+      const double scale = alt ? lb_alt : lb_pp;
+      const double mu = scale * std::pow(0.03, static_cast<double>(k % kMuGrid) / (kMuGrid - 1));
       std::set<std::vector<std::pair<std::size_t, int>>> seen[2];
       for (std::size_t i = 0; i < targets.size() + extra_targets.size(); ++i) {
         const bool extra = i >= targets.size();
-        const double target = extra ? extra_targets[i - targets.size()] : targets[i];
+        double target = extra ? extra_targets[i - targets.size()] : targets[i];
+        if (alt && target < 0) target *= lb_alt / lb_pp;
         for (bool tile : {false, true}) {
           std::vector<std::size_t> shorts;
           std::vector<std::pair<std::size_t, int>> sig;
           for (const auto& r : b.pipelined_rings(target, mu, shorts, tile)) sig.push_back({r.seq, r.d});
           if (!seen[tile ? 1 : 0].insert(sig).second) continue;  // tiled sets apart, so they take no plain build
-          for (bool align : {false, true}) add({.target = target, .mu = mu, .align = align, .tile = tile}, extra);
+          for (bool align : {false, true}) add({.target = target, .mu = mu, .align = align, .tile = tile}, extra, alt);
         }
       }
     }
