@@ -60,7 +60,11 @@ def plan(
         A validated :class:`dynacp.Plan` with ``predicted`` filled.
 
     Raises:
-        ValueError: bad input, naming the offender (e.g. a sequence longer than the pool holds).
+        ValueError: bad input, naming the offender (e.g. a sequence longer than the pool holds), or an anchor's
+            pipelined plan whose microbatch counts break the ``vpp > 1`` rule (every rank a multiple of ``pp``;
+            ``dynacp`` itself raises this only when no plan can meet it, e.g. fewer than ``pp`` sequences).
+        RuntimeError: an anchor's pipelined plan that would deadlock under 1F1B, or ``megatron`` unable to split
+            its microbatches to a multiple of ``pp`` under ``vpp > 1`` (Megatron-Core asserts there).
     """
     arr = _as_lengths(lengths)
     policy = _count_policy(count_policy)

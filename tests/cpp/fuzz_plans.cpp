@@ -3,7 +3,8 @@
 // strategy.
 //   fuzz_plans [--instances N] [--seed S]      (CTest runs a short version; docs/benchmarks.md the long one)
 // Anchor plans the simulator rejects - a 1F1B deadlock, or under vpp > 1 microbatch counts that are not multiples
-// of pp (megatron raises when it cannot split to one) - count separately; dynacp must plan every instance.
+// of pp (megatron raises when it cannot split to one) - count separately; dynacp must plan every instance where any
+// other strategy does (under vpp > 1 a batch may have no plan whose counts are all multiples of pp).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -25,7 +26,7 @@ int main(int argc, char** argv) {
       seed = std::stoull(argv[i + 1]);
   }
   std::mt19937_64 rng(seed);
-  long plans = 0, failed = 0, deadlocks = 0, unaligned = 0, dynacp_worse = 0;
+  long plans = 0, failed = 0, deadlocks = 0, unaligned = 0, unplanned = 0, dynacp_worse = 0;
   const auto names = solve::strategy_names();
   for (long it = 0; it < instances; ++it) {
     Cluster c;
@@ -76,6 +77,12 @@ int main(int argc, char** argv) {
           ++unaligned;
           continue;
         }
+        // dynacp runs last: it may find no interleavable plan only where no other strategy found one either (their
+        // plans are its candidates), e.g. 3 sequences that each need the whole 2-rank pool
+        if (name == "dynacp" && best_other < 0 && std::string(e.what()).find("no plan meets") != std::string::npos) {
+          ++unplanned;
+          continue;
+        }
         ++failed;
         std::fprintf(stderr, "instance %ld strategy %s pp %d vpp %d: %s\n", it, name.c_str(), o.pp, o.vpp, e.what());
       } catch (const std::exception& e) {
@@ -90,8 +97,9 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "fuzz: %ld instances, %ld plans, %ld anchor plans rejected as 1F1B deadlocks, %ld as not interleavable "
-      "(vpp 2), %ld dynacp slower\n",
-      instances, plans, deadlocks, unaligned, dynacp_worse);
-  std::printf("fuzz: %ld passed, %ld failed\n", plans - failed - deadlocks - unaligned, failed + dynacp_worse);
+      "(vpp 2), %ld batches no strategy could interleave, %ld dynacp slower\n",
+      instances, plans, deadlocks, unaligned, unplanned, dynacp_worse);
+  std::printf("fuzz: %ld passed, %ld failed\n", plans - failed - deadlocks - unaligned - unplanned,
+              failed + dynacp_worse);
   return failed + dynacp_worse == 0 ? 0 : 1;
 }
