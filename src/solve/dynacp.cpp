@@ -1221,8 +1221,12 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     }
     const bool fixed_counts = options.count_policy == CountPolicy::Equal || options.vpp > 1;
     constexpr int kMuGrid = 8;
-    std::vector<double> targets;
-    for (double f : {1.0, 1.05, 1.12, 1.25}) targets.push_back(f), targets.push_back(-f * lb_pp);
+    // latency targets: f x a ring's fastest time, and f x the bound's scale in seconds
+    auto targets_at = [](double scale) {
+      std::vector<double> t;
+      for (double f : {1.0, 1.05, 1.12, 1.25}) t.push_back(f), t.push_back(-f * scale);
+      return t;
+    };
     // Extra targets near the whole bound, whose critical and shared terms say how far the hardest rings must widen.
     std::vector<double> extra_targets;
     if (const double lb_full = std::max(bt.critical, bt.shared); lb_full > 1.02 * lb_pp)
@@ -1232,7 +1236,6 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       Builder::Pipe spec;
     };
     std::vector<Trial> trials;
-    // Only the best plan that meets the count policy goes on to best_of (each is scored once here).
     // The best few plans that meet the count policy (by score, ties by arrival) go on to the slot-order polish.
     // Each family of candidates has polish places of its own, so no extra family pushes out the plain plans or another.
     enum Family : std::size_t { kPlain, kProfileLead, kIsolated, kExtraTarget, kTiled, kInterleaved, kFamilies };
@@ -1281,14 +1284,14 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     // Targets only change the degrees of rings that cannot reach mu: each distinct ring set is built once, with
     // rings placed by estimate and with ranks of fewer rings first (align).
     for (int k = 0; k < (lb_alt > 0 ? 2 : 1) * kMuGrid; ++k) {
-      const bool alt = k >= kMuGrid;  // the second walk under vpp > 1 (its targets scale with lb_alt as well)
+      const bool alt = k >= kMuGrid;  // the second walk under vpp > 1
       const double scale = alt ? lb_alt : lb_pp;
       const double mu = scale * std::pow(0.03, static_cast<double>(k % kMuGrid) / (kMuGrid - 1));
+      const std::vector<double> targets = targets_at(scale);
       std::set<std::vector<std::pair<std::size_t, int>>> seen[2];
       for (std::size_t i = 0; i < targets.size() + extra_targets.size(); ++i) {
         const bool extra = i >= targets.size();
-        double target = extra ? extra_targets[i - targets.size()] : targets[i];
-        if (alt && target < 0) target *= lb_alt / lb_pp;
+        const double target = extra ? extra_targets[i - targets.size()] : targets[i];
         for (bool tile : {false, true}) {
           std::vector<std::size_t> shorts;
           std::vector<std::pair<std::size_t, int>> sig;
@@ -1339,23 +1342,17 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
                               // split to a multiple of pp under vpp > 1); bad input (InvalidArgument) still raises
     }
   }
-  if (options.pp > 1) {
-    // The fastest plan that meets the count policy and that the simulator accepts (a finite score; ties keep the
-    // earlier). When none does (few sequences per rank), whole-pool slots: one group per slot cannot deadlock.
-    std::size_t best = candidates.size();
-    double best_t = std::numeric_limits<double>::infinity();
-    for (std::size_t i = 0; i < candidates.size(); ++i) {
-      if (!counts_ok(candidates[i], cluster.num_ranks, options)) continue;
-      if (const double t = score(candidates[i], batch, cluster, cost, options); t < best_t) best = i, best_t = t;
-    }
-    if (best < candidates.size()) return std::move(candidates[best]);
-    if (Plan p = pool_slots(batch, cluster, cost, options.vpp > 1 ? options.pp : 1); !p.microbatches.empty()) return p;
-    invalid("dynacp: no plan meets the count policy (", batch.size(), " sequences on ", cluster.num_ranks,
-            " ranks, pp = ", options.pp, ", vpp = ", options.vpp,
-            "): interleaving needs every rank's microbatch count divisible by pp and equal counts one count for all; "
-            "whole-pool slots need at least pp sequences under vpp > 1, and their tokens must fit");
-  }
-  return best_of(std::move(candidates), batch, cluster, cost, options);
+  // The fastest plan that meets the count policy and that the simulator accepts. When none does (few sequences per
+  // rank), whole-pool slots: every rank runs every slot, and one group per slot cannot deadlock.
+  if (options.pp > 1)
+    std::erase_if(candidates, [&](const Plan& p) { return !counts_ok(p, cluster.num_ranks, options); });
+  if (auto best = best_of(std::move(candidates), batch, cluster, cost, options)) return std::move(*best);
+  if (options.pp <= 1) throw Error("dynacp: no candidate plan could be scored (a bug)");
+  if (Plan p = pool_slots(batch, cluster, cost, options.vpp > 1 ? options.pp : 1); !p.microbatches.empty()) return p;
+  invalid("dynacp: no plan meets the count policy (", batch.size(), " sequences on ", cluster.num_ranks,
+          " ranks, pp = ", options.pp, ", vpp = ", options.vpp,
+          "): interleaving needs every rank's microbatch count divisible by pp and equal counts one count for all; "
+          "whole-pool slots need at least pp sequences under vpp > 1, and their tokens must fit");
 }
 
 }  // namespace dynacp::solve

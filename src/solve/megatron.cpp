@@ -38,46 +38,51 @@ int pow2_at_least(std::int64_t x) {
   return p;
 }
 
-// Groups of one microbatch laid out left to right from rank 0 (sizes non-increasing).
-std::vector<Group> lay_out(std::vector<std::pair<int, std::vector<std::int64_t>>> groups) {
-  std::vector<Group> slot;
-  int first = 0;
-  for (auto& [size, ids] : groups) {
-    Group g;
-    for (int r = 0; r < size; ++r) g.ranks.push_back(first + r);
-    first += size;
-    g.sequences = std::move(ids);
-    slot.push_back(std::move(g));
-  }
-  return slot;
-}
-
-// Fills the pool again after a split: double the leftmost of the smallest groups until the groups cover all P ranks
-// (Megatron's fill-by-expanding-CP). False when a doubling would overrun the pool (P not a power of two).
-bool refill(std::vector<std::pair<int, std::vector<std::int64_t>>>& groups, int P) {
+// Doubles the first of the smallest groups until the groups cover all P ranks: Megatron's fill of empty ranks, and
+// after a split its fill-by-expanding-CP (there the groups are in layout order, so the first of the smallest is the
+// leftmost). False when a doubling would overrun the pool (P not a power of two).
+bool fill_by_doubling(std::vector<MGroup>& groups, int P) {
   int used = 0;
-  for (const auto& g : groups) used += g.first;
+  for (const auto& g : groups) used += g.size;
   while (used < P) {
-    std::size_t j = groups.size() - 1;
-    while (j > 0 && groups[j - 1].first == groups.back().first) --j;
-    if (used + groups[j].first > P) return false;
-    used += groups[j].first;
-    groups[j].first *= 2;
+    if (groups.empty()) return false;
+    std::size_t small = 0;
+    for (std::size_t gi = 1; gi < groups.size(); ++gi)
+      if (groups[gi].size < groups[small].size) small = gi;
+    if (used + groups[small].size > P) return false;
+    used += groups[small].size;
+    groups[small].size *= 2;
   }
   return true;
+}
+
+// One microbatch from groups in layout order: contiguous ranks from rank 0, sequence ids sorted, empty groups left
+// out (their ranks stay unused).
+std::vector<Group> lay_out(std::vector<MGroup> groups) {
+  std::vector<Group> slot;
+  int first = 0;
+  for (auto& g : groups) {
+    Group out;
+    for (int r = 0; r < g.size; ++r) out.ranks.push_back(first + r);
+    first += g.size;
+    out.sequences = std::move(g.ids);
+    std::sort(out.sequences.begin(), out.sequences.end());
+    if (!out.sequences.empty()) slot.push_back(std::move(out));
+  }
+  return slot;
 }
 
 // Split one microbatch into two that each cover the pool: the groups left of the first boundary at or past P / 2,
 // and the rest. Empty when it has one group or a half cannot refill the pool.
 std::vector<std::vector<Group>> split_microbatch(const std::vector<Group>& slot, int P) {
   if (slot.size() < 2) return {};
-  std::vector<std::pair<int, std::vector<std::int64_t>>> left, right;
+  std::vector<MGroup> left, right;
   int covered = 0;
   for (const auto& g : slot) {
     (covered < P / 2 ? left : right).push_back({static_cast<int>(g.ranks.size()), g.sequences});
     covered += static_cast<int>(g.ranks.size());
   }
-  if (right.empty() || !refill(left, P) || !refill(right, P)) return {};
+  if (right.empty() || !fill_by_doubling(left, P) || !fill_by_doubling(right, P)) return {};
   return {lay_out(std::move(right)), lay_out(std::move(left))};
 }
 
@@ -158,15 +163,7 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
       }
     }
     // Fill empty ranks by doubling the smallest group (first of that size).
-    while (used < P) {
-      std::size_t small = 0;
-      for (std::size_t gi = 1; gi < groups.size(); ++gi)
-        if (groups[gi].size < groups[small].size) small = gi;
-      if (used + groups[small].size > P) break;
-      used += groups[small].size;
-      groups[small].size *= 2;
-    }
-    if (used < P) {
+    if (!fill_by_doubling(groups, P)) {
       // Fallback: one group of all P ranks holding what fits at CP = P; the rest waits.
       std::vector<std::int64_t> all;
       for (const auto& g : groups) all.insert(all.end(), g.ids.begin(), g.ids.end());
@@ -183,17 +180,7 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
       throw Error("megatron: no sequence could be placed in a microbatch (capacity too small for the pool)");
     // Aligned contiguous layout: largest groups first.
     std::stable_sort(groups.begin(), groups.end(), [](const MGroup& a, const MGroup& b) { return a.size > b.size; });
-    std::vector<Group> slot;
-    int first = 0;
-    for (auto& g : groups) {
-      Group out;
-      for (int r = 0; r < g.size; ++r) out.ranks.push_back(first + r);
-      first += g.size;
-      out.sequences = g.ids;
-      std::sort(out.sequences.begin(), out.sequences.end());
-      if (!out.sequences.empty()) slot.push_back(std::move(out));
-    }
-    plan.microbatches.push_back(std::move(slot));
+    plan.microbatches.push_back(lay_out(std::move(groups)));
     remaining = std::move(leftover);
   }
   if (options.vpp > 1 && options.pp > 1) {

@@ -1,6 +1,7 @@
 #include "dynacp/solve/timeline.hpp"
 
 #include <algorithm>
+#include <limits>
 
 #include "dynacp/model/error.hpp"
 #include "dynacp/solve/evaluate.hpp"
@@ -48,15 +49,13 @@ double score(const Plan& plan, const Batch& batch, const Cluster& cluster, const
   return options.score ? options.score(plan) : evaluate(plan, batch, cluster, cost).step_time;
 }
 
-Plan best_of(std::vector<Plan> candidates, const Batch& batch, const Cluster& cluster, const CostModel& cost,
-             const PlanOptions& options) {
-  if (candidates.empty()) throw Error("best_of: no candidate plans");
-  std::size_t best = 0;
-  double best_t = 0.0;
-  for (std::size_t i = 0; i < candidates.size(); ++i) {
-    const double t = score(candidates[i], batch, cluster, cost, options);
-    if (i == 0 || t < best_t) best = i, best_t = t;
-  }
+std::optional<Plan> best_of(std::vector<Plan> candidates, const Batch& batch, const Cluster& cluster,
+                            const CostModel& cost, const PlanOptions& options) {
+  std::size_t best = candidates.size();
+  double best_t = std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < candidates.size(); ++i)
+    if (const double t = score(candidates[i], batch, cluster, cost, options); t < best_t) best = i, best_t = t;
+  if (best == candidates.size()) return std::nullopt;
   return std::move(candidates[best]);
 }
 

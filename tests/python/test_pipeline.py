@@ -18,6 +18,21 @@ def independent(ranks: int, m: int, f: float, b: float) -> tuple[list, list, lis
     return rank_mbs, group_ranks, [f] * n, [b] * n
 
 
+def bench_batch(dist_name: str, index: int) -> tuple:
+    """Batch `index` of `dist_name` as benchmarks/bench.py draws it (GBS 512, seed 0), with its cost model and its
+    64-rank cluster (8 per node, 16,384 tokens per rank)."""
+    import dynacp
+    from dynacp import distributions
+
+    cost = dynacp.CostModel()
+    cluster = dynacp.Cluster(num_ranks=64, ranks_per_node=8, activation_budget=16384 * cost.mem_per_token)
+    rng = np.random.default_rng(0)
+    dist = distributions.get(dist_name)
+    for _ in range(index + 1):
+        lengths = dist.sample(512, rng)
+    return lengths, cluster, cost
+
+
 @pytest.mark.parametrize("pp", [1, 2, 4, 8])
 @pytest.mark.parametrize("m", [1, 3, 8, 16])
 def test_one_f_one_b_closed_form(pp: int, m: int) -> None:
@@ -80,14 +95,8 @@ def test_dynacp_profile_lead_shortens_pipeline_fill() -> None:
     among smaller rings. Without the profile-lead candidates (every rank opens with pp - 1 light microbatches rising
     by a fixed ratio, docs/strategies.md) dynacp's best plan is 15.7 % above the lower bound; with them 11.4 %."""
     import dynacp
-    from dynacp import distributions
 
-    cost = dynacp.CostModel()
-    cluster = dynacp.Cluster(num_ranks=64, ranks_per_node=8, activation_budget=16384 * cost.mem_per_token)
-    rng = np.random.default_rng(0)
-    dist = distributions.get("wikipedia")
-    for _ in range(4):
-        lengths = dist.sample(512, rng)
+    lengths, cluster, cost = bench_batch("wikipedia", 3)
     plan = dynacp.plan(lengths, cluster, cost, "dynacp", pp=4)
     plan.validate(lengths, cluster, cost)
     assert plan.predicted.gap < 0.13
@@ -107,14 +116,8 @@ def test_dynacp_interleaving_family_keeps_enough_microbatches() -> None:
     scaled by it alone leans to plans of 4 microbatches per rank (0.1472 s); the interleaving family walks the grid
     again at the plain 1F1B scale and finds 12 per rank (0.1275 s, below the 0.1412 s of plain 1F1B)."""
     import dynacp
-    from dynacp import distributions
 
-    cost = dynacp.CostModel()
-    cluster = dynacp.Cluster(num_ranks=64, ranks_per_node=8, activation_budget=16384 * cost.mem_per_token)
-    rng = np.random.default_rng(0)
-    dist = distributions.get("sft")
-    for _ in range(2):
-        lengths = dist.sample(512, rng)
+    lengths, cluster, cost = bench_batch("sft", 1)
     plan = dynacp.plan(lengths, cluster, cost, "dynacp", pp=4, vpp=2)
     plan.validate(lengths, cluster, cost)
     counts = {plan.microbatches_of(r) for r in range(64)}

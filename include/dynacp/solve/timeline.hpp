@@ -1,6 +1,7 @@
 // Building plans as per-rank timelines: groups are appended in the order each rank runs them; a group starts
 // when all its ranks are free. to_plan() assigns slots so that the evaluator reproduces the same start times.
 #pragma once
+#include <optional>
 #include <vector>
 
 #include "dynacp/model/plan.hpp"
@@ -37,9 +38,10 @@ class TimelineBuilder {
 double score(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
              const PlanOptions& options);
 
-/// The candidate with the lowest score (ties: the earliest). Used by strategies that keep the best of several
+/// The candidate with the lowest finite score (ties: the earliest); none when every score is infinite (plans the
+/// pipeline simulator rejects) or there is no candidate. Used by strategies that keep the best of several
 /// constructions.
-Plan best_of(std::vector<Plan> candidates, const Batch& batch, const Cluster& cluster, const CostModel& cost,
-             const PlanOptions& options);
+std::optional<Plan> best_of(std::vector<Plan> candidates, const Batch& batch, const Cluster& cluster,
+                            const CostModel& cost, const PlanOptions& options);
 
 }  // namespace dynacp::solve
