@@ -25,6 +25,7 @@
 #include "dynacp/solve/placement.hpp"
 #include "dynacp/solve/strategies.hpp"
 #include "dynacp/solve/timeline.hpp"
+#include "dynacp/solve/units.hpp"
 
 namespace dynacp::solve {
 namespace {
@@ -1333,6 +1334,12 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     }
     for (auto& pool : pools)
       for (auto& [t, p] : pool) candidates.push_back(reorder_slots(std::move(p), t, batch, cluster, cost, options));
+    // Units: rings of one width per node-aligned unit, microbatches packed towards the best split (units.hpp).
+    if (options.vpp == 1)
+      for (int w = 1; w <= cluster.ranks_per_node; ++w)
+        if (Plan p = profile_units(batch, cluster, cost, w, options.pp, options.count_policy == CountPolicy::Equal);
+            !p.microbatches.empty())
+          candidates.push_back(std::move(p));
   }
   for (const auto& s : strategies()) {
     if (std::string(s.name) == "dynacp") continue;

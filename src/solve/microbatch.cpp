@@ -1,6 +1,7 @@
 #include "dynacp/solve/microbatch.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "dynacp/model/error.hpp"
 
@@ -8,6 +9,7 @@ namespace dynacp::solve {
 
 namespace {
 #include "pipeline_bound_table.inc"
+#include "pipeline_profile_table.inc"
 }  // namespace
 
 std::vector<double> workload_quotas(double total, const std::vector<int>& counts, int pp, int vpp) {
@@ -36,6 +38,59 @@ double one_f_one_b_floor(int m, int pp) {
   if (m < 1 || pp < 1) invalid("one_f_one_b_floor: m and pp must be >= 1, got ", m, " and ", pp);
   if (pp == 1 || pp > kBoundPpMax || m > kBoundMMax) return 1.0;
   return kPipelineBound[pp - 2][m - 1];
+}
+
+std::vector<double> one_f_one_b_profile(int m, int pp) {
+  if (m < 1 || pp < 1) invalid("one_f_one_b_profile: m and pp must be >= 1, got ", m, " and ", pp);
+  std::vector<double> out(static_cast<std::size_t>(m), 1.0);
+  if (pp == 1 || pp > kBoundPpMax || m > kProfileMMax) return out;
+  const float* row = kPipelineProfile[pp - 2] + m * (m - 1) / 2;
+  for (int i = 0; i < m; ++i) out[static_cast<std::size_t>(i)] = row[i];
+  return out;
+}
+
+double one_f_one_b_makespan(std::span<const double> times, int pp) {
+  if (pp < 1) invalid("one_f_one_b_makespan: pp must be >= 1, got ", pp);
+  for (std::size_t i = 0; i < times.size(); ++i)
+    if (!std::isfinite(times[i]) || times[i] < 0)
+      invalid("one_f_one_b_makespan: microbatch ", i, " has time ", times[i], "; need finite and >= 0");
+  const int m = static_cast<int>(times.size());
+  if (m == 0) return 0.0;
+  // Stage k runs min(pp - k - 1, m) warm-up forwards, then forward/backward pairs, then the remaining backwards.
+  // An op waits for the previous op of its stage and for its microbatch on the neighbouring stage (the forward on
+  // stage k - 1, the backward on stage k + 1; the last stage's backward follows its own forward). Stages are
+  // advanced in turn until every op has run; each pass runs at least one op, as the schedule has no deadlock.
+  const auto M = static_cast<std::size_t>(m);
+  std::vector<double> fwd(static_cast<std::size_t>(pp) * M, -1.0), bwd(fwd.size(), -1.0);
+  std::vector<int> done(static_cast<std::size_t>(pp), 0);
+  std::vector<double> clock(static_cast<std::size_t>(pp), 0.0);
+  auto op_of = [&](int k, int a) {  // (is_backward, microbatch) of stage k's a-th op
+    const int w = std::min(pp - k - 1, m);
+    if (a < w) return std::pair<bool, int>{false, a};
+    if (a < w + 2 * (m - w)) return std::pair<bool, int>{(a - w) % 2 == 1, w + (a - w) / 2 - ((a - w) % 2 ? w : 0)};
+    return std::pair<bool, int>{true, a - w - (m - w)};
+  };
+  const double f_share = 1.0 / (3.0 * pp), b_share = 2.0 / (3.0 * pp);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int k = 0; k < pp; ++k) {
+      const auto K = static_cast<std::size_t>(k);
+      while (done[K] < 2 * m) {
+        const auto [back, i] = op_of(k, done[K]);
+        const auto I = static_cast<std::size_t>(i);
+        double ready = 0.0;
+        if (!back && k > 0) ready = fwd[(K - 1) * M + I];
+        if (back) ready = k + 1 < pp ? bwd[(K + 1) * M + I] : fwd[K * M + I];
+        if (ready < 0) break;
+        const double t = std::max(clock[K], ready) + times[I] * (back ? b_share : f_share);
+        (back ? bwd : fwd)[K * M + I] = t;
+        clock[K] = t;
+        ++done[K];
+        progress = true;
+      }
+    }
+  }
+  return *std::max_element(clock.begin(), clock.end());
 }
 
 }  // namespace dynacp::solve

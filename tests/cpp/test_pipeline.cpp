@@ -12,7 +12,9 @@
 
 #include "dynacp/model/error.hpp"
 #include "dynacp/sim/pipeline.hpp"
+#include "dynacp/sim/planner.hpp"
 #include "dynacp/solve/microbatch.hpp"
+#include "dynacp/solve/units.hpp"
 
 using namespace dynacp;
 using namespace dynacp::sim;
@@ -609,4 +611,108 @@ TEST(Pipeline, RandomOrdersSimulateOrReportACycle) {
   }
   EXPECT_GT(simulated, 50);
   EXPECT_GT(cycles, 50);
+}
+
+// The solver's own 1F1B makespan (one pipeline, no CP groups) is the simulator's, exactly; uniform microbatches give
+// the closed form (m + pp - 1) t / pp.
+TEST(Pipeline, OneFOneBMakespanIsTheSimulators) {
+  EXPECT_DOUBLE_EQ(solve::one_f_one_b_makespan(std::vector<double>{}, 4), 0.0);
+  EXPECT_NEAR(solve::one_f_one_b_makespan(std::vector<double>(8, 2.0), 4), (8 + 3) * 2.0 / 4, 1e-12);
+  EXPECT_NEAR(solve::one_f_one_b_makespan(std::vector<double>{1.0, 12.0}, 4), 12.0 + 1.0 / 12, 1e-12);
+  EXPECT_THROW(solve::one_f_one_b_makespan(std::vector<double>{1.0}, 0), InvalidArgument);
+  EXPECT_THROW(solve::one_f_one_b_makespan(std::vector<double>{1.0, -1.0}, 2), InvalidArgument);
+  std::mt19937_64 rng(21);
+  for (int trial = 0; trial < 1000; ++trial) {
+    const int pp = 1 + static_cast<int>(rng() % 8), m = 1 + static_cast<int>(rng() % 24);
+    const std::vector<double> t = random_times(rng, m, trial % 2 ? 1.0 : 3.0);
+    EXPECT_NEAR(solve::one_f_one_b_makespan(t, pp), one_rank(t, pp), 1e-12) << "pp " << pp << " m " << m;
+  }
+}
+
+// The tabulated optimal split sums to m (3 decimals) and reaches h(m, pp) to within the rounding; its first
+// microbatch is its lightest part of the rise. Outside the table: equal sizes.
+TEST(Pipeline, OneFOneBProfileReachesTheFloor) {
+  for (int pp = 2; pp <= 16; ++pp)
+    for (int m = 1; m <= 32; ++m) {
+      const std::vector<double> x = solve::one_f_one_b_profile(m, pp);
+      ASSERT_EQ(x.size(), static_cast<std::size_t>(m));
+      EXPECT_NEAR(std::accumulate(x.begin(), x.end(), 0.0), m, 2e-3 * m) << "pp " << pp << " m " << m;
+      for (double v : x) EXPECT_GE(v, 0.0);
+      const double h = solve::one_f_one_b_floor(m, pp), got = solve::one_f_one_b_makespan(x, pp) * pp / m;
+      EXPECT_GE(got, h * (1 - 2e-3)) << "pp " << pp << " m " << m;
+      EXPECT_LE(got, h * (1 + 2e-3)) << "pp " << pp << " m " << m;
+      if (m > pp) EXPECT_LT(x.front(), 1.0) << "pp " << pp << " m " << m;
+    }
+  EXPECT_EQ(solve::one_f_one_b_profile(33, 4), std::vector<double>(33, 1.0));
+  EXPECT_EQ(solve::one_f_one_b_profile(5, 1), std::vector<double>(5, 1.0));
+  EXPECT_THROW(solve::one_f_one_b_profile(0, 4), InvalidArgument);
+}
+
+namespace {
+Cluster units_cluster(int P, int rpn, std::int64_t cap_tokens, const CostModel& cost) {
+  Cluster c;
+  c.num_ranks = P;
+  c.ranks_per_node = rpn;
+  c.activation_budget = cost.mem_static + static_cast<double>(cap_tokens) * cost.mem_per_token;
+  return c;
+}
+
+/// Max over the plan's units of one_f_one_b_makespan of the unit's list; checks each group spans one whole unit.
+double max_unit_makespan(const Plan& p, const Batch& b, const Cluster& cl, const CostModel& cost, int width, int pp) {
+  std::map<int, std::vector<double>> lists;
+  for (const auto& slot : p.microbatches)
+    for (const auto& g : slot) {
+      EXPECT_EQ(g.degree(), width);
+      EXPECT_EQ(g.ranks.front() % width, 0);
+      for (int k = 0; k < g.degree(); ++k) EXPECT_EQ(g.ranks[static_cast<std::size_t>(k)], g.ranks.front() + k);
+      lists[g.ranks.front()].push_back(cost.time(group_stats(b, cost, g.sequences), width, false, cl));
+    }
+  double worst = 0.0;
+  for (const auto& [r, l] : lists) worst = std::max(worst, solve::one_f_one_b_makespan(l, pp));
+  return worst;
+}
+}  // namespace
+
+// The units family: every group is one whole unit of `width` ranks, every sequence is placed once, the simulated step
+// is the slowest unit's own 1F1B makespan (units share no group), equal counts give one count, and it declines
+// widths that do not divide a node and sequences that do not fit `width` ranks. dynacp keeps it as a candidate.
+TEST(Pipeline, ProfileUnits) {
+  const CostModel cost;
+  const Cluster cl = units_cluster(8, 4, 16384, cost);
+  EXPECT_TRUE(solve::profile_units(Batch({100, 200}), cl, cost, 3, 4, false).microbatches.empty());
+  EXPECT_TRUE(solve::profile_units(Batch({40000, 200}), cl, cost, 2, 4, false).microbatches.empty());
+  EXPECT_FALSE(solve::profile_units(Batch({40000, 200}), cl, cost, 4, 4, false).microbatches.empty());
+  EXPECT_THROW(solve::profile_units(Batch({100}), cl, cost, 0, 4, false), InvalidArgument);
+  std::mt19937_64 rng(33);
+  std::lognormal_distribution<double> logn(8.0, 1.0);
+  int improved = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    const int P = trial % 3 ? 16 : 8, pp = 2 + 2 * (trial % 2);
+    const Cluster c = units_cluster(P, 8, 16384, cost);
+    std::vector<std::int64_t> lengths;
+    for (int i = 0; i < 6 * P; ++i)
+      lengths.push_back(std::clamp<std::int64_t>(static_cast<std::int64_t>(logn(rng)), 16, 30000));
+    const Batch b(lengths);
+    PlanOptions o;
+    o.strategy = "dynacp";
+    o.pp = pp;
+    o.count_policy = trial % 4 == 3 ? CountPolicy::Equal : CountPolicy::Variable;
+    const double best = plan(b, c, cost, o).predicted.step_time;
+    for (int w : {2, 4, 8}) {
+      const Plan p = solve::profile_units(b, c, cost, w, pp, o.count_policy == CountPolicy::Equal);
+      if (p.microbatches.empty()) {
+        EXPECT_LT(w, 4) << "trial " << trial;  // only a sequence over 2 ranks' capacity declines
+        continue;
+      }
+      ASSERT_NO_THROW(p.validate(b, c, cost)) << "trial " << trial << " w " << w;
+      const std::vector<int> n = p.microbatch_counts(P);
+      if (o.count_policy == CountPolicy::Equal)
+        for (int k : n) EXPECT_EQ(k, n.front()) << "trial " << trial << " w " << w;
+      const double step = predict(p, b, c, cost, o).step_time;
+      EXPECT_NEAR(step, max_unit_makespan(p, b, c, cost, w, pp), 1e-12) << "trial " << trial << " w " << w;
+      EXPECT_LE(best, step * (1 + 1e-12)) << "trial " << trial << " w " << w;
+      if (std::abs(best - step) <= 1e-12 * step) ++improved;
+    }
+  }
+  EXPECT_GT(improved, 0);  // the family wins some of these batches outright
 }

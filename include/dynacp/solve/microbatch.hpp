@@ -1,5 +1,6 @@
 // Pipeline-aware microbatching helpers after the Megatron Dynamic-CP blog (seed 002, eqs. 1-3 and figure 7).
 #pragma once
+#include <span>
 #include <vector>
 
 namespace dynacp::solve {
@@ -21,5 +22,17 @@ int knee_microbatches(double total, double largest, int ranks, int pp, int kmax,
 /// h(1, pp) = pp; for m >= 2 it lies below the equal-split value (m + pp - 1) / m, by up to ~8%, because a light
 /// first microbatch, rising to the heaviest and then falling, beats equal ones. Throws on m < 1 or pp < 1.
 double one_f_one_b_floor(int m, int pp);
+
+/// One optimal split behind one_f_one_b_floor: the sizes of m microbatches in run order, relative to their mean
+/// (light ones rising over the first pp - 1, a plateau, then falling), from the same linear program
+/// (tools/gen_pipeline_bound.py --profile; the optimum need not be unique, this is the solver's vertex). Tabulated
+/// for 2 <= pp <= 16 and m <= 32; elsewhere, and for pp = 1, equal sizes. Throws on m < 1 or pp < 1.
+std::vector<double> one_f_one_b_profile(int m, int pp);
+
+/// Makespan of one pipeline of pp stages running microbatches of the given times (each over all stages, forward
+/// and backward) in list order under Megatron-Core's 1F1B schedule, with the simulator's split: t / (3 pp) forward
+/// and 2 t / (3 pp) backward per stage. No CP-group synchronisation: exact for ranks that share no group with
+/// other pipelines. Throws on pp < 1 or a negative or non-finite time.
+double one_f_one_b_makespan(std::span<const double> times, int pp);
 
 }  // namespace dynacp::solve
