@@ -1222,6 +1222,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     }
     const bool fixed_counts = options.count_policy == CountPolicy::Equal || options.vpp > 1;
     constexpr int kMuGrid = 8;
+    constexpr int kGiants = 3;
     // latency targets: f x a ring's fastest time, and f x the bound's scale in seconds
     auto targets_at = [](double scale) {
       std::vector<double> t;
@@ -1335,11 +1336,15 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     for (auto& pool : pools)
       for (auto& [t, p] : pool) candidates.push_back(reorder_slots(std::move(p), t, batch, cluster, cost, options));
     // Units: rings of one width per node-aligned unit, microbatches packed towards the best split (units.hpp).
-    if (options.vpp == 1)
+    if (options.vpp == 1) {
+      const double full = std::max({lb_pp, bt.critical, bt.shared});
       for (int w = 1; w <= cluster.ranks_per_node; ++w)
-        if (Plan p = profile_units(batch, cluster, cost, w, options.pp, options.count_policy == CountPolicy::Equal);
-            !p.microbatches.empty())
-          candidates.push_back(std::move(p));
+        for (int giants = 0; giants <= kGiants; ++giants)
+          if (Plan p = profile_units(batch, cluster, cost, w, options.pp, options.count_policy == CountPolicy::Equal,
+                                     giants, full);
+              !p.microbatches.empty())
+            candidates.push_back(std::move(p));
+    }
   }
   for (const auto& s : strategies()) {
     if (std::string(s.name) == "dynacp") continue;

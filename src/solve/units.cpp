@@ -1,8 +1,10 @@
 #include "dynacp/solve/units.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <vector>
 
@@ -15,39 +17,113 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr std::size_t kTargets = 2;  // the fastest units a move may go to
+constexpr std::size_t kMoves = 4;    // the sequences of the slowest unit a move may take
+
+struct Unit {
+  int start = 0, width = 1;
+};
 
 struct Packed {
   double makespan = kInf;
   std::vector<std::vector<std::int64_t>> microbatches;  // run order, none empty
 };
 
-// One unit's sequences (ids, heaviest first) into m microbatches towards the best split's profile.
-Packed pack_unit(const Batch& batch, const Cluster& cluster, const CostModel& cost,
-                 const std::vector<std::int64_t>& ids, const std::vector<double>& alone, int width, int m, int pp) {
-  const double c = cost.group_overhead;
-  const std::int64_t room = cost.token_capacity(cluster) * width;
+// G(W) = min_m h(m, pp) (W + m c) / pp: no pipeline running per-rank work W in any split is faster.
+double pipeline_floor(double W, double c, int pp) {
+  double g = kInf;
+  for (int m = 1; m <= 64; ++m) g = std::min(g, one_f_one_b_floor(m, pp) * (W + m * c) / pp);
+  return g;
+}
+
+GroupStats stats_of(const Batch& batch, const CostModel& cost, std::size_t i) {
+  GroupStats g;
+  g.add(batch.lengths[i], cost.eta(batch.mask(i)));
+  return g;
+}
+
+// Everything a unit build shares: the batch, the model, and each sequence's time alone at each width (lazily).
+class Units {
+ public:
+  Units(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, bool equal_counts)
+      : batch_(batch), cluster_(cluster), cost_(cost), pp_(pp), equal_(equal_counts), m_max_(std::min(32, 8 * pp)) {}
+
+  /// A unit of `width` ranks from `start` is usable when it stays inside one node or spans whole nodes.
+  bool aligned(int start, int width) const {
+    const int rpn = cluster_.ranks_per_node;
+    return width <= rpn ? start / rpn == (start + width - 1) / rpn : start % rpn == 0 && width % rpn == 0;
+  }
+  bool fits(std::size_t i, int width) const { return batch_.lengths[i] <= cost_.token_capacity(cluster_) * width; }
+  double time(const GroupStats& g, int width) const {
+    return cost_.time(g, width, width > cluster_.ranks_per_node, cluster_);
+  }
+  /// T({s_i}, width), cached per width.
+  const std::vector<double>& alone(int width) {
+    auto& t = alone_[width];
+    if (t.empty())
+      for (std::size_t i = 0; i < batch_.size(); ++i) t.push_back(time(stats_of(batch_, cost_, i), width));
+    return t;
+  }
+
+  /// Packs each unit's sequences, picks counts, balances (variable counts) and emits the plan; empty when some unit
+  /// cannot hold its sequences or (equal counts) no count suits every unit.
+  Plan run(const std::vector<Unit>& units, std::vector<std::vector<std::int64_t>> ids);
+
+ private:
+  Packed pack(const std::vector<std::int64_t>& ids, int width, int m);
+  std::vector<Packed> pack_all(const std::vector<std::int64_t>& ids, int width, int lo, int hi) {
+    std::vector<Packed> row(static_cast<std::size_t>(m_max_));
+    for (int m = std::max(lo, 1); m <= std::min({hi, m_max_, static_cast<int>(ids.size())}); ++m)
+      row[static_cast<std::size_t>(m - 1)] = pack(ids, width, m);
+    return row;
+  }
+  void sort_heaviest_first(std::vector<std::int64_t>& ids, int width) {
+    const auto& t = alone(width);
+    std::stable_sort(ids.begin(), ids.end(), [&](std::int64_t x, std::int64_t y) {
+      const double tx = t[static_cast<std::size_t>(x)], ty = t[static_cast<std::size_t>(y)];
+      return tx > ty || (tx == ty && x < y);
+    });
+  }
+
+  /// A microbatch of a unit, split into two rings on the halves of its ranks (recursively) while that makes it
+  /// faster: its sequences, heaviest first, each to the half it slows least.
+  std::vector<Group> split(std::vector<std::int64_t> ids, int start, int width);
+
+  const Batch& batch_;
+  const Cluster& cluster_;
+  const CostModel& cost_;
+  int pp_;
+  bool equal_;
+  int m_max_;
+  std::map<int, std::vector<double>> alone_;
+};
+
+// One unit's sequences (heaviest first) into m microbatches: each, in turn, into the microbatch with the most time
+// left against profile_j S / m (S: the unit's per-rank time at m microbatches) among those with token room.
+Packed Units::pack(const std::vector<std::int64_t>& ids, int width, int m) {
+  const double c = cost_.group_overhead;
+  const std::int64_t room = cost_.token_capacity(cluster_) * width;
+  const auto& t1 = alone(width);
   double S = m * c;
-  for (double t : alone) S += t - c;
-  const std::vector<double> profile = one_f_one_b_profile(m, pp);
+  for (std::int64_t id : ids) S += t1[static_cast<std::size_t>(id)] - c;
+  const std::vector<double> profile = one_f_one_b_profile(m, pp_);
   const auto M = static_cast<std::size_t>(m);
   std::vector<GroupStats> stats(M);
   std::vector<double> time(M, 0.0);
   std::vector<std::vector<std::int64_t>> bins(M);
   for (std::int64_t id : ids) {
-    const std::int64_t len = batch.lengths[static_cast<std::size_t>(id)];
-    const double eta = cost.eta(batch.mask(static_cast<std::size_t>(id)));
+    const auto i = static_cast<std::size_t>(id);
     std::size_t best = M;
     double best_left = 0.0, best_time = 0.0;
     for (std::size_t j = 0; j < M; ++j) {
-      if (stats[j].tokens + len > room) continue;
+      if (stats[j].tokens + batch_.lengths[i] > room) continue;
       GroupStats g = stats[j];
-      g.add(len, eta);
-      const double t = cost.time(g, width, false, cluster);
+      g.add(batch_.lengths[i], cost_.eta(batch_.mask(i)));
+      const double t = this->time(g, width);
       const double left = profile[j] * S / m - t;
       if (best == M || left > best_left) best = j, best_left = left, best_time = t;
     }
     if (best == M) return {};
-    stats[best].add(len, eta);
+    stats[best].add(batch_.lengths[i], cost_.eta(batch_.mask(i)));
     time[best] = best_time;
     bins[best].push_back(id);
   }
@@ -56,49 +132,21 @@ Packed pack_unit(const Batch& batch, const Cluster& cluster, const CostModel& co
   for (std::size_t j = 0; j < M; ++j)
     if (!bins[j].empty()) {
       std::sort(bins[j].begin(), bins[j].end());
+      double t = 0.0;  // the microbatch split into faster halves where that helps: its slowest piece
+      for (const Group& g : split(bins[j], 0, width))
+        t = std::max(t, this->time(group_stats(batch_, cost_, g.sequences), g.degree()));
       out.microbatches.push_back(std::move(bins[j]));
-      times.push_back(time[j]);
+      times.push_back(t);
     }
-  out.makespan = one_f_one_b_makespan(times, pp);
+  out.makespan = one_f_one_b_makespan(times, pp_);
   return out;
 }
 
-}  // namespace
-
-Plan profile_units(const Batch& batch, const Cluster& cluster, const CostModel& cost, int width, int pp,
-                   bool equal_counts) {
-  if (width < 1 || pp < 1) invalid("profile_units: width and pp must be >= 1, got ", width, " and ", pp);
+Plan Units::run(const std::vector<Unit>& units, std::vector<std::vector<std::int64_t>> ids) {
   Plan plan;
   plan.strategy = "dynacp";
-  plan.num_ranks = cluster.num_ranks;
-  const int P = cluster.num_ranks;
-  if (width > cluster.ranks_per_node || cluster.ranks_per_node % width != 0) return plan;
-  const std::int64_t room = cost.token_capacity(cluster) * width;
-  const std::size_t n = batch.size();
-  std::vector<double> alone(n), weight(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (batch.lengths[i] > room) return plan;
-    GroupStats g;
-    g.add(batch.lengths[i], cost.eta(batch.mask(i)));
-    alone[i] = cost.time(g, width, false, cluster);
-    weight[i] = (alone[i] - cost.group_overhead) * width;
-  }
-  const int units = P / width;
-  const Parts parts = balance(weight, units);
-  const int m_max = std::min(32, 8 * pp);
-  auto heavier = [&](std::int64_t x, std::int64_t y) {
-    const double tx = alone[static_cast<std::size_t>(x)], ty = alone[static_cast<std::size_t>(y)];
-    return tx > ty || (tx == ty && x < y);
-  };
-  // The packing of one unit's sequences (heaviest first) for every m in [lo, hi] (capped by their number).
-  auto pack_all = [&](const std::vector<std::int64_t>& ids, int lo, int hi) {
-    std::vector<double> t;
-    for (std::int64_t id : ids) t.push_back(alone[static_cast<std::size_t>(id)]);
-    std::vector<Packed> row(static_cast<std::size_t>(m_max));
-    for (int m = std::max(lo, 1); m <= std::min<int>(hi, static_cast<int>(ids.size())); ++m)
-      row[static_cast<std::size_t>(m - 1)] = pack_unit(batch, cluster, cost, ids, t, width, m, pp);
-    return row;
-  };
+  plan.num_ranks = cluster_.num_ranks;
+  const std::size_t U = units.size();
   auto best_m = [](const std::vector<Packed>& row) {  // 0 when no m fits
     int m = 0;
     double best = kInf;
@@ -106,19 +154,16 @@ Plan profile_units(const Batch& batch, const Cluster& cluster, const CostModel& 
       if (row[k].makespan < best) best = row[k].makespan, m = static_cast<int>(k) + 1;
     return m;
   };
-  std::vector<std::vector<std::int64_t>> ids(static_cast<std::size_t>(units));
-  std::vector<std::vector<Packed>> packs(static_cast<std::size_t>(units));
-  for (std::size_t u = 0; u < ids.size(); ++u) {
-    ids[u].assign(parts[u].begin(), parts[u].end());
-    std::stable_sort(ids[u].begin(), ids[u].end(), heavier);
-    packs[u] = pack_all(ids[u], 1, m_max);
+  std::vector<std::vector<Packed>> packs(U);
+  for (std::size_t u = 0; u < U; ++u) {
+    sort_heaviest_first(ids[u], units[u].width);
+    packs[u] = pack_all(ids[u], units[u].width, 1, m_max_);
   }
-  // the m each unit runs (0: no sequences)
-  std::vector<int> chosen(static_cast<std::size_t>(units), 0);
-  if (equal_counts) {
+  std::vector<int> chosen(U, 0);  // the count each unit runs (0: no sequences)
+  if (equal_) {
     double best = kInf;
     int common = 0;
-    for (int m = 1; m <= m_max; ++m) {
+    for (int m = 1; m <= m_max_; ++m) {
       double worst = 0.0;
       for (const auto& row : packs) {
         const Packed& p = row[static_cast<std::size_t>(m - 1)];
@@ -129,17 +174,18 @@ Plan profile_units(const Batch& batch, const Cluster& cluster, const CostModel& 
     if (common == 0) return plan;
     std::fill(chosen.begin(), chosen.end(), common);
   } else {
-    for (std::size_t u = 0; u < packs.size(); ++u) {
+    for (std::size_t u = 0; u < U; ++u) {
       chosen[u] = best_m(packs[u]);
       if (!ids[u].empty() && chosen[u] == 0) return plan;  // no m fits the unit's tokens
     }
-    // Balance: move one sequence from the slowest unit to one of the kTargets fastest, the move that lowers the
-    // slower of the two the most (each re-packed for m within 1 of its count), while one helps, at most `units` times.
+    // Balance: move one sequence from the slowest unit to one of the kTargets fastest that has the memory for it, the
+    // move that lowers the slower of the two most (each re-packed for m within 1 of its count), while one helps, at
+    // most U times.
     auto span_of = [&](std::size_t u) {
       return chosen[u] ? packs[u][static_cast<std::size_t>(chosen[u] - 1)].makespan : 0.0;
     };
-    for (int round = 0; round < units; ++round) {
-      std::vector<std::size_t> by_span(packs.size());
+    for (std::size_t round = 0; round < U; ++round) {
+      std::vector<std::size_t> by_span(U);
       std::iota(by_span.begin(), by_span.end(), 0);
       std::stable_sort(by_span.begin(), by_span.end(),
                        [&](std::size_t x, std::size_t y) { return span_of(x) < span_of(y); });
@@ -147,14 +193,31 @@ Plan profile_units(const Batch& batch, const Cluster& cluster, const CostModel& 
       double best = span_of(hi);
       std::size_t pick = ids[hi].size(), to = hi;
       std::vector<Packed> best_hi, best_lo;
-      for (std::size_t r = 0; r < std::min<std::size_t>(kTargets, by_span.size() - 1); ++r) {
+      for (std::size_t r = 0; r < std::min<std::size_t>(kTargets, U - 1); ++r) {
         const std::size_t lo = by_span[r];
-        for (std::size_t k = 0; k < ids[hi].size(); ++k) {
+        const auto& t_lo = alone(units[lo].width);
+        // the kMoves sequences whose per-rank work is nearest half the gap's worth (makespan ~ 1.2 work / pp)
+        const auto& t_hi = alone(units[hi].width);
+        const double half = (span_of(hi) - span_of(lo)) * pp_ / 2.4;
+        std::vector<std::size_t> tries(ids[hi].size());
+        std::iota(tries.begin(), tries.end(), 0);
+        auto off = [&](std::size_t k) {
+          return std::abs(t_hi[static_cast<std::size_t>(ids[hi][k])] - cost_.group_overhead - half);
+        };
+        std::stable_sort(tries.begin(), tries.end(), [&](std::size_t x, std::size_t y) { return off(x) < off(y); });
+        if (tries.size() > kMoves) tries.resize(kMoves);
+        for (std::size_t k : tries) {
+          const std::int64_t s = ids[hi][k];
+          if (!fits(static_cast<std::size_t>(s), units[lo].width)) continue;
           std::vector<std::int64_t> a = ids[hi], b = ids[lo];
-          const std::int64_t s = a[k];
           a.erase(a.begin() + static_cast<std::ptrdiff_t>(k));
-          b.insert(std::upper_bound(b.begin(), b.end(), s, heavier), s);
-          auto ra = pack_all(a, chosen[hi] - 1, chosen[hi] + 1), rb = pack_all(b, chosen[lo] - 1, chosen[lo] + 1);
+          auto at = std::find_if(b.begin(), b.end(), [&](std::int64_t y) {
+            const double ts = t_lo[static_cast<std::size_t>(s)], ty = t_lo[static_cast<std::size_t>(y)];
+            return ts > ty || (ts == ty && s < y);
+          });
+          b.insert(at, s);
+          auto ra = pack_all(a, units[hi].width, chosen[hi] - 1, chosen[hi] + 1);
+          auto rb = pack_all(b, units[lo].width, chosen[lo] - 1, chosen[lo] + 1);
           const int ma = best_m(ra), mb = best_m(rb);
           if ((!a.empty() && ma == 0) || mb == 0) continue;
           const double t = std::max(ma ? ra[static_cast<std::size_t>(ma - 1)].makespan : 0.0,
@@ -166,20 +229,176 @@ Plan profile_units(const Batch& batch, const Cluster& cluster, const CostModel& 
       const std::size_t lo = to;
       const std::int64_t s = ids[hi][pick];
       ids[hi].erase(ids[hi].begin() + static_cast<std::ptrdiff_t>(pick));
-      ids[lo].insert(std::upper_bound(ids[lo].begin(), ids[lo].end(), s, heavier), s);
+      ids[lo].push_back(s);
+      sort_heaviest_first(ids[lo], units[lo].width);
       packs[hi] = std::move(best_hi), packs[lo] = std::move(best_lo);
       chosen[hi] = best_m(packs[hi]), chosen[lo] = best_m(packs[lo]);
     }
   }
-  for (int u = 0; u < units; ++u) {
-    const int m = chosen[static_cast<std::size_t>(u)];
-    if (m == 0) continue;
-    auto& mbs = packs[static_cast<std::size_t>(u)][static_cast<std::size_t>(m - 1)].microbatches;
+  for (std::size_t u = 0; u < U; ++u) {
+    if (chosen[u] == 0) continue;
+    auto& mbs = packs[u][static_cast<std::size_t>(chosen[u] - 1)].microbatches;
     if (plan.microbatches.size() < mbs.size()) plan.microbatches.resize(mbs.size());
-    std::vector<int> ranks(static_cast<std::size_t>(width));
-    std::iota(ranks.begin(), ranks.end(), u * width);
-    for (std::size_t j = 0; j < mbs.size(); ++j) plan.microbatches[j].push_back({ranks, std::move(mbs[j])});
+    std::vector<int> ranks(static_cast<std::size_t>(units[u].width));
+    std::iota(ranks.begin(), ranks.end(), units[u].start);
+    for (std::size_t j = 0; j < mbs.size(); ++j)
+      for (Group& g : split(std::move(mbs[j]), units[u].start, units[u].width))
+        plan.microbatches[j].push_back(std::move(g));
   }
+  return plan;
+}
+
+std::vector<Group> Units::split(std::vector<std::int64_t> ids, int start, int width) {
+  auto stats = [&](const std::vector<std::int64_t>& s) {
+    GroupStats g;
+    for (std::int64_t id : s)
+      g.add(batch_.lengths[static_cast<std::size_t>(id)], cost_.eta(batch_.mask(static_cast<std::size_t>(id))));
+    return g;
+  };
+  if (width % 2 == 0 && ids.size() >= 2) {
+    const int half = width / 2;
+    const std::int64_t room = cost_.token_capacity(cluster_) * half;
+    sort_heaviest_first(ids, half);
+    std::vector<std::int64_t> part[2];
+    GroupStats g[2];
+    double t[2] = {0.0, 0.0};
+    bool ok = true;
+    for (std::int64_t id : ids) {
+      const auto i = static_cast<std::size_t>(id);
+      double after[2];
+      for (int k = 0; k < 2; ++k) {
+        GroupStats h = g[k];
+        h.add(batch_.lengths[i], cost_.eta(batch_.mask(i)));
+        after[k] = h.tokens <= room ? time(h, half) : kInf;
+      }
+      const int k = after[1] < after[0] ? 1 : 0;
+      if (after[k] == kInf) ok = false;
+      g[k].add(batch_.lengths[i], cost_.eta(batch_.mask(i))), t[k] = after[k], part[k].push_back(id);
+    }
+    if (ok && !part[1].empty() && std::max(t[0], t[1]) < time(stats(ids), width) - 1e-12) {
+      std::vector<Group> out = split(std::move(part[0]), start, half);
+      for (Group& h : split(std::move(part[1]), start + half, half)) out.push_back(std::move(h));
+      return out;
+    }
+    std::sort(ids.begin(), ids.end());
+  }
+  std::vector<int> ranks(static_cast<std::size_t>(width));
+  std::iota(ranks.begin(), ranks.end(), start);
+  return {{std::move(ranks), std::move(ids)}};
+}
+
+}  // namespace
+
+Plan profile_units(const Batch& batch, const Cluster& cluster, const CostModel& cost, int width, int pp,
+                   bool equal_counts, int giants, double target) {
+  if (width < 1 || pp < 1 || giants < 0)
+    invalid("profile_units: width and pp must be >= 1 and giants >= 0, got ", width, ", ", pp, " and ", giants);
+  const int P = cluster.num_ranks, rpn = cluster.ranks_per_node;
+  Plan none;
+  none.strategy = "dynacp";
+  none.num_ranks = P;
+  if (width <= rpn ? rpn % width != 0 : width % rpn != 0 || P % width != 0) return none;
+  Units b(batch, cluster, cost, pp, equal_counts);
+  const std::size_t n = batch.size();
+  // Giants: the `giants` sequences slowest at their best degree, each on a block of its own at the end of the pool
+  // (the multiple of width whose time is closest to the best split of the work left on the other ranks); each must
+  // take target / 2 at least.
+  std::vector<Unit> units;
+  std::vector<std::vector<std::int64_t>> ids;
+  std::vector<char> giant(n, 0);
+  int end = P;
+  if (giants > 0) {
+    std::vector<std::pair<double, std::size_t>> best(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const GroupStats g = stats_of(batch, cost, i);
+      best[i] = {cost.time(g, cost.best_degree(g, cost.min_degree(batch.lengths[i], cluster), cluster), cluster), i};
+    }
+    std::stable_sort(best.begin(), best.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    const int k_max = std::min<int>(giants, static_cast<int>(n));
+    for (int k = 0; k < k_max; ++k)
+      if (best[static_cast<std::size_t>(k)].first < 0.5 * target) return none;  // not a giant
+    for (int k = 0; k < k_max; ++k) giant[best[static_cast<std::size_t>(k)].second] = 1;
+    const auto& t = b.alone(width);
+    double rest_work = 0.0;  // the units' total rank-time
+    for (std::size_t i = 0; i < n; ++i) rest_work += giant[i] ? 0.0 : (t[i] - cost.group_overhead) * width;
+    // Block sizes: water-filling from each giant's least size. The slowest giant takes its next larger size that
+    // is faster, while that lowers max(slowest giant, min_m h(m, pp) (W + m c) / pp) with W the units' per-rank work.
+    std::vector<std::vector<int>> sizes(static_cast<std::size_t>(k_max));
+    std::vector<std::size_t> at(static_cast<std::size_t>(k_max), 0);
+    std::vector<GroupStats> g(static_cast<std::size_t>(k_max));
+    int used = 0;
+    for (int k = 0; k < k_max; ++k) {
+      const std::size_t i = best[static_cast<std::size_t>(k)].second;
+      g[static_cast<std::size_t>(k)] = stats_of(batch, cost, i);
+      for (int e = width; e <= P; e += width)
+        if (b.fits(i, e) && (e <= rpn ? rpn % e == 0 : e % rpn == 0)) sizes[static_cast<std::size_t>(k)].push_back(e);
+      if (sizes[static_cast<std::size_t>(k)].empty()) return none;
+      used += sizes[static_cast<std::size_t>(k)].front();
+    }
+    auto time_of = [&](int k) {
+      const auto K = static_cast<std::size_t>(k);
+      return b.time(g[K], sizes[K][at[K]]);
+    };
+    auto units_floor = [&](int ranks) {
+      return ranks < width ? kInf : pipeline_floor(rest_work / ranks, cost.group_overhead, pp);
+    };
+    auto score = [&] {
+      double s = units_floor(P - used);
+      for (int k = 0; k < k_max; ++k) s = std::max(s, time_of(k));
+      return s;
+    };
+    if (P - used < width) return none;
+    for (;;) {
+      int slow = 0;
+      for (int k = 1; k < k_max; ++k)
+        if (time_of(k) > time_of(slow)) slow = k;
+      const auto S = static_cast<std::size_t>(slow);
+      const std::size_t was = at[S];
+      const double now = score(), t_was = time_of(slow);
+      std::size_t next = was + 1;
+      while (next < sizes[S].size() && b.time(g[S], sizes[S][next]) >= t_was) ++next;
+      if (next >= sizes[S].size()) break;
+      const int grow = sizes[S][next] - sizes[S][was];
+      at[S] = next, used += grow;
+      if (P - used < width || score() >= now) {
+        at[S] = was, used -= grow;
+        break;
+      }
+    }
+    // widest blocks at the very end
+    std::vector<int> order(static_cast<std::size_t>(k_max));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+      return sizes[static_cast<std::size_t>(x)][at[static_cast<std::size_t>(x)]] >
+             sizes[static_cast<std::size_t>(y)][at[static_cast<std::size_t>(y)]];
+    });
+    for (int k : order) {
+      const int d = sizes[static_cast<std::size_t>(k)][at[static_cast<std::size_t>(k)]];
+      end -= d;
+      if (!b.aligned(end, d)) return none;
+      units.push_back({end, d});
+      ids.push_back({static_cast<std::int64_t>(best[static_cast<std::size_t>(k)].second)});
+    }
+  }
+  std::vector<std::int64_t> rest;
+  std::vector<double> weight;
+  const auto& t = b.alone(width);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (giant[i]) continue;
+    if (!b.fits(i, width)) return none;
+    rest.push_back(static_cast<std::int64_t>(i));
+    weight.push_back((t[i] - cost.group_overhead) * width);
+  }
+  const int count = end / width;
+  Parts parts = rest.empty() ? Parts(static_cast<std::size_t>(count)) : balance(weight, count);
+  for (int u = 0; u < count; ++u) {
+    units.push_back({u * width, width});
+    ids.emplace_back();
+    for (std::int64_t k : parts[static_cast<std::size_t>(u)]) ids.back().push_back(rest[static_cast<std::size_t>(k)]);
+  }
+  Plan plan = b.run(units, std::move(ids));
+  for (auto& slot : plan.microbatches)  // groups in rank order
+    std::stable_sort(slot.begin(), slot.end(), [](const Group& x, const Group& y) { return x.ranks < y.ranks; });
   return plan;
 }
 

@@ -4,19 +4,28 @@
 
 namespace dynacp::solve {
 
-/// A pipelined plan (pp > 1, plain 1F1B) made of P / width units of `width` consecutive ranks inside one node.
-/// Sequences are balanced onto the units by their rank-time at degree `width` (Karmarkar-Karp), and every
-/// microbatch of a unit is one ring over all its ranks, so no unit waits for another and each unit's ranks run
-/// one list. For each m in [1, min(32, 8 pp)] a unit packs its sequences, largest first, into the microbatch with
-/// the most time left against the targets profile_i S / m (profile: one_f_one_b_profile(m, pp); S: the unit's
-/// per-rank time at m microbatches) among those with token room, and keeps the m whose list has the least
-/// one_f_one_b_makespan. Then, while it helps, one sequence moves from the slowest unit to one of the two fastest
-/// (the move that lowers the slower of the two most; both re-packed for m within 1 of their counts). With
-/// `equal_counts` all units take one m, the one with the least slowest unit, and nothing moves.
-/// Returns an empty plan when the family does not apply: width does not divide ranks_per_node, some sequence
-/// needs more than `width` ranks' memory, or (equal_counts) some unit cannot fill that many microbatches.
-/// Throws InvalidArgument on width < 1 or pp < 1.
+/// A pipelined plan (pp > 1, plain 1F1B) made of units: blocks of consecutive ranks, inside one node or of whole
+/// nodes, whose every microbatch is one ring over the whole block. Units share no group, so none waits for another
+/// and the plan's simulated step is its slowest unit's 1F1B makespan.
+///
+/// - Giants (`giants` > 0): the `giants` sequences slowest at their best degree, each at least target / 2 there,
+///   get blocks of their own at the end of the pool, one after the other: the multiple of `width` ranks that
+///   minimises max(the giant's time there, min_m h(m, pp) (W + m c) / pp) with W the per-rank work of the later
+///   giants and the other sequences spread over the ranks left.
+/// - The other ranks form units of `width`; the other sequences are balanced onto them by their rank-time at degree
+///   `width` (Karmarkar-Karp).
+/// - Each unit, for every m in [1, min(32, 8 pp)], packs its sequences (largest first) into the microbatch with the
+///   most time left against profile_i S / m (profile: one_f_one_b_profile(m, pp); S: the unit's per-rank time at
+///   m microbatches) among those with token room, and keeps the m with the least one_f_one_b_makespan.
+/// - Variable counts: while it helps (at most once per unit), one of the 4 sequences of the slowest unit whose work
+///   is nearest half the gap moves to one of the two fastest units that have the memory for it, both re-packed for m
+///   within 1 of their counts. Equal counts: all units take the one m with the least slowest unit; nothing moves.
+///
+/// Returns an empty plan when the family does not apply: width neither divides ranks_per_node nor is a multiple of
+/// it dividing P, some non-giant needs more than `width` ranks' memory, a giant is lighter than target / 2 or its
+/// block leaves no unit, or (equal counts) no count suits every unit. Throws InvalidArgument on width < 1, pp < 1
+/// or giants < 0.
 Plan profile_units(const Batch& batch, const Cluster& cluster, const CostModel& cost, int width, int pp,
-                   bool equal_counts);
+                   bool equal_counts, int giants = 0, double target = 0.0);
 
 }  // namespace dynacp::solve
