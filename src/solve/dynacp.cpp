@@ -1335,13 +1335,14 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     }
     for (auto& pool : pools)
       for (auto& [t, p] : pool) candidates.push_back(reorder_slots(std::move(p), t, batch, cluster, cost, options));
-    // Units: rings of one width per node-aligned unit, microbatches packed towards the best split (units.hpp).
-    if (options.vpp == 1) {
+    // Units: rings of one width per node-aligned unit, microbatches packed towards the best split (units.hpp);
+    // giants on blocks of their own only under plain 1F1B (a lone giant's count of 1 cannot interleave).
+    {
       const double full = std::max({lb_pp, bt.critical, bt.shared});
       for (int w = 1; w <= cluster.ranks_per_node; ++w)
-        for (int giants = 0; giants <= kGiants; ++giants)
+        for (int giants = 0; giants <= (options.vpp > 1 ? 0 : kGiants); ++giants)
           if (Plan p = profile_units(batch, cluster, cost, w, options.pp, options.count_policy == CountPolicy::Equal,
-                                     giants, full);
+                                     giants, full, options.vpp);
               !p.microbatches.empty())
             candidates.push_back(std::move(p));
     }

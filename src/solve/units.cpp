@@ -44,8 +44,14 @@ GroupStats stats_of(const Batch& batch, const CostModel& cost, std::size_t i) {
 // Everything a unit build shares: the batch, the model, and each sequence's time alone at each width (lazily).
 class Units {
  public:
-  Units(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, bool equal_counts)
-      : batch_(batch), cluster_(cluster), cost_(cost), pp_(pp), equal_(equal_counts), m_max_(std::min(32, 8 * pp)) {}
+  Units(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, bool equal_counts, int step)
+      : batch_(batch),
+        cluster_(cluster),
+        cost_(cost),
+        pp_(pp),
+        equal_(equal_counts),
+        step_(step),
+        m_max_(std::min(32, 8 * pp) / step * step) {}
 
   /// A unit of `width` ranks from `start` is usable when it stays inside one node or spans whole nodes.
   bool aligned(int start, int width) const {
@@ -73,7 +79,7 @@ class Units {
   std::vector<Packed> pack_all(const std::vector<std::int64_t>& ids, int width, int lo, int hi) {
     std::vector<Packed> row(static_cast<std::size_t>(m_max_));
     for (int m = std::max(lo, 1); m <= std::min({hi, m_max_, static_cast<int>(ids.size())}); ++m)
-      row[static_cast<std::size_t>(m - 1)] = pack(ids, width, m);
+      if (m % step_ == 0) row[static_cast<std::size_t>(m - 1)] = pack(ids, width, m);
     return row;
   }
   void sort_heaviest_first(std::vector<std::int64_t>& ids, int width) {
@@ -93,6 +99,7 @@ class Units {
   const CostModel& cost_;
   int pp_;
   bool equal_;
+  int step_;  // counts are multiples of it (pp under interleaving)
   int m_max_;
   std::map<int, std::vector<double>> alone_;
 };
@@ -138,6 +145,7 @@ Packed Units::pack(const std::vector<std::int64_t>& ids, int width, int m) {
       out.microbatches.push_back(std::move(bins[j]));
       times.push_back(t);
     }
+  if (static_cast<int>(times.size()) % step_ != 0) return {};  // an emptied microbatch breaks the multiple
   out.makespan = one_f_one_b_makespan(times, pp_);
   return out;
 }
@@ -163,7 +171,7 @@ Plan Units::run(const std::vector<Unit>& units, std::vector<std::vector<std::int
   if (equal_) {
     double best = kInf;
     int common = 0;
-    for (int m = 1; m <= m_max_; ++m) {
+    for (int m = step_; m <= m_max_; m += step_) {
       double worst = 0.0;
       for (const auto& row : packs) {
         const Packed& p = row[static_cast<std::size_t>(m - 1)];
@@ -216,8 +224,8 @@ Plan Units::run(const std::vector<Unit>& units, std::vector<std::vector<std::int
             return ts > ty || (ts == ty && s < y);
           });
           b.insert(at, s);
-          auto ra = pack_all(a, units[hi].width, chosen[hi] - 1, chosen[hi] + 1);
-          auto rb = pack_all(b, units[lo].width, chosen[lo] - 1, chosen[lo] + 1);
+          auto ra = pack_all(a, units[hi].width, chosen[hi] - step_, chosen[hi] + step_);
+          auto rb = pack_all(b, units[lo].width, chosen[lo] - step_, chosen[lo] + step_);
           const int ma = best_m(ra), mb = best_m(rb);
           if ((!a.empty() && ma == 0) || mb == 0) continue;
           const double t = std::max(ma ? ra[static_cast<std::size_t>(ma - 1)].makespan : 0.0,
@@ -290,15 +298,16 @@ std::vector<Group> Units::split(std::vector<std::int64_t> ids, int start, int wi
 }  // namespace
 
 Plan profile_units(const Batch& batch, const Cluster& cluster, const CostModel& cost, int width, int pp,
-                   bool equal_counts, int giants, double target) {
-  if (width < 1 || pp < 1 || giants < 0)
-    invalid("profile_units: width and pp must be >= 1 and giants >= 0, got ", width, ", ", pp, " and ", giants);
+                   bool equal_counts, int giants, double target, int vpp) {
+  if (width < 1 || pp < 1 || vpp < 1 || giants < 0)
+    invalid("profile_units: width, pp and vpp must be >= 1 and giants >= 0, got ", width, ", ", pp, ", ", vpp, " and ",
+            giants);
   const int P = cluster.num_ranks, rpn = cluster.ranks_per_node;
   Plan none;
   none.strategy = "dynacp";
   none.num_ranks = P;
   if (width <= rpn ? rpn % width != 0 : width % rpn != 0 || P % width != 0) return none;
-  Units b(batch, cluster, cost, pp, equal_counts);
+  Units b(batch, cluster, cost, pp, equal_counts, vpp > 1 ? pp : 1);
   const std::size_t n = batch.size();
   // Giants: the `giants` sequences slowest at their best degree, each on a block of its own at the end of the pool
   // (the multiple of width whose time is closest to the best split of the work left on the other ranks); each must

@@ -750,4 +750,30 @@ TEST(Pipeline, ProfileUnits) {
     }
   }
   EXPECT_GT(won, 0);
+  // interleaving: every unit's count a multiple of pp, and dynacp (vpp = 2) never slower than the units plan
+  int interleaved = 0;
+  for (int trial = 0; trial < 8; ++trial) {
+    const int P = 16, pp = 2 + 2 * (trial % 2);
+    const Cluster c = units_cluster(P, 8, 16384, cost);
+    std::vector<std::int64_t> ls;
+    for (int i = 0; i < 8 * P; ++i)
+      ls.push_back(std::clamp<std::int64_t>(static_cast<std::int64_t>(logn(rng)), 16, 30000));
+    const Batch b(ls);
+    PlanOptions o;
+    o.strategy = "dynacp";
+    o.pp = pp;
+    o.vpp = 2;
+    const double best = plan(b, c, cost, o).predicted.step_time;
+    for (int w : {2, 4, 8}) {
+      const std::string where = "interleaved trial " + std::to_string(trial) + " w " + std::to_string(w);
+      const Plan p = solve::profile_units(b, c, cost, w, pp, false, 0, 0.0, 2);
+      if (p.microbatches.empty()) continue;
+      ++interleaved;
+      ASSERT_NO_THROW(p.validate(b, c, cost)) << where;
+      expect_units(p, P, w, where);
+      for (int k : p.microbatch_counts(P)) EXPECT_EQ(k % pp, 0) << where;
+      EXPECT_LE(best, predict(p, b, c, cost, o).step_time * (1 + 1e-12)) << where;
+    }
+  }
+  EXPECT_GT(interleaved, 12);
 }
