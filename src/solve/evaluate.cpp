@@ -187,14 +187,9 @@ PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& clu
   if (vpp <= 1 && one_f_one_b_floor(2, pp) > 1.0) {
     // Sharper for 1F1B: a rank running m microbatches of S = W_r + m c seconds in all finishes no earlier than
     // h(m, pp) S / pp (one_f_one_b_floor, the optimum over every split of S). G(W) = min_m h(m, pp) (W + m c) / pp
-    // grows with W, and some rank has W_r >= sum work / P. Beyond the table (m > kM) the bound above applies with
-    // S >= W + (kM + 1) c.
-    constexpr int kM = 64;
-    auto G = [&](double W) {
-      double g = (W + (kM + n) * c) / n;
-      for (int m = 1; m <= kM; ++m) g = std::min(g, one_f_one_b_floor(m, pp) * (W + m * c) / n);
-      return g;
-    };
+    // grows with W, and some rank has W_r >= sum work / P. Beyond the table (m > 64) the bound above applies with
+    // S >= W + 65 c (one_f_one_b_work_floor).
+    auto G = [&](double W) { return one_f_one_b_work_floor(W, c, pp); };
     average = std::max(average, G(t.average - c));
     // The hardest sequence s* in a group of degree d: that microbatch J takes t_J >= T(s*, d), and on stage 0 of
     // each of its ranks the ops before F_J, J's round trip through all stages (t_J) and the ops after B_J form a

@@ -40,6 +40,13 @@ double one_f_one_b_floor(int m, int pp) {
   return kPipelineBound[pp - 2][m - 1];
 }
 
+double one_f_one_b_work_floor(double W, double c, int pp) {
+  constexpr int kM = 64;
+  double g = (W + (kM + pp) * c) / pp;
+  for (int m = 1; m <= kM; ++m) g = std::min(g, one_f_one_b_floor(m, pp) * (W + m * c) / pp);
+  return g;
+}
+
 std::vector<double> one_f_one_b_profile(int m, int pp) {
   if (m < 1 || pp < 1) invalid("one_f_one_b_profile: m and pp must be >= 1, got ", m, " and ", pp);
   std::vector<double> out(static_cast<std::size_t>(m), 1.0);

@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <span>
 #include <vector>
 
 #include "dynacp/model/error.hpp"
@@ -25,21 +26,17 @@ struct Unit {
 
 struct Packed {
   double makespan = kInf;
-  std::vector<std::vector<std::int64_t>> microbatches;  // run order, none empty
+  std::vector<std::vector<Group>>
+      microbatches;  // run order, none empty: its rings, ranks counted from the unit's first
 };
 
-// G(W) = min_m h(m, pp) (W + m c) / pp: no pipeline running per-rank work W in any split is faster.
-double pipeline_floor(double W, double c, int pp) {
-  double g = kInf;
-  for (int m = 1; m <= 64; ++m) g = std::min(g, one_f_one_b_floor(m, pp) * (W + m * c) / pp);
-  return g;
+GroupStats stats_of(const Batch& batch, const CostModel& cost, std::size_t i) {
+  const std::int64_t id = static_cast<std::int64_t>(i);
+  return group_stats(batch, cost, std::span(&id, 1));
 }
 
-GroupStats stats_of(const Batch& batch, const CostModel& cost, std::size_t i) {
-  GroupStats g;
-  g.add(batch.lengths[i], cost.eta(batch.mask(i)));
-  return g;
-}
+// A block of `width` ranks may lie inside one node or span whole nodes.
+bool block_size_ok(int width, int rpn) { return width <= rpn ? rpn % width == 0 : width % rpn == 0; }
 
 // Everything a unit build shares: the batch, the model, and each sequence's time alone at each width (lazily).
 class Units {
@@ -91,8 +88,9 @@ class Units {
   }
 
   /// A microbatch of a unit, split into two rings on the halves of its ranks (recursively) while that makes it
-  /// faster: its sequences, heaviest first, each to the half it slows least.
-  std::vector<Group> split(std::vector<std::int64_t> ids, int start, int width);
+  /// faster: its sequences, heaviest first, each to the half it slows least. Adds the rings to `out` and returns
+  /// the slowest one's time.
+  double split(std::vector<std::int64_t> ids, int start, int width, std::vector<Group>& out);
 
   const Batch& batch_;
   const Cluster& cluster_;
@@ -138,12 +136,8 @@ Packed Units::pack(const std::vector<std::int64_t>& ids, int width, int m) {
   std::vector<double> times;
   for (std::size_t j = 0; j < M; ++j)
     if (!bins[j].empty()) {
-      std::sort(bins[j].begin(), bins[j].end());
-      double t = 0.0;  // the microbatch split into faster halves where that helps: its slowest piece
-      for (const Group& g : split(bins[j], 0, width))
-        t = std::max(t, this->time(group_stats(batch_, cost_, g.sequences), g.degree()));
-      out.microbatches.push_back(std::move(bins[j]));
-      times.push_back(t);
+      out.microbatches.emplace_back();
+      times.push_back(split(std::move(bins[j]), 0, width, out.microbatches.back()));
     }
   if (static_cast<int>(times.size()) % step_ != 0) return {};  // an emptied microbatch breaks the multiple
   out.makespan = one_f_one_b_makespan(times, pp_);
@@ -247,22 +241,16 @@ Plan Units::run(const std::vector<Unit>& units, std::vector<std::vector<std::int
     if (chosen[u] == 0) continue;
     auto& mbs = packs[u][static_cast<std::size_t>(chosen[u] - 1)].microbatches;
     if (plan.microbatches.size() < mbs.size()) plan.microbatches.resize(mbs.size());
-    std::vector<int> ranks(static_cast<std::size_t>(units[u].width));
-    std::iota(ranks.begin(), ranks.end(), units[u].start);
     for (std::size_t j = 0; j < mbs.size(); ++j)
-      for (Group& g : split(std::move(mbs[j]), units[u].start, units[u].width))
+      for (Group& g : mbs[j]) {
+        for (int& r : g.ranks) r += units[u].start;
         plan.microbatches[j].push_back(std::move(g));
+      }
   }
   return plan;
 }
 
-std::vector<Group> Units::split(std::vector<std::int64_t> ids, int start, int width) {
-  auto stats = [&](const std::vector<std::int64_t>& s) {
-    GroupStats g;
-    for (std::int64_t id : s)
-      g.add(batch_.lengths[static_cast<std::size_t>(id)], cost_.eta(batch_.mask(static_cast<std::size_t>(id))));
-    return g;
-  };
+double Units::split(std::vector<std::int64_t> ids, int start, int width, std::vector<Group>& out) {
   if (width % 2 == 0 && ids.size() >= 2) {
     const int half = width / 2;
     const std::int64_t room = cost_.token_capacity(cluster_) * half;
@@ -283,16 +271,17 @@ std::vector<Group> Units::split(std::vector<std::int64_t> ids, int start, int wi
       if (after[k] == kInf) ok = false;
       g[k].add(batch_.lengths[i], cost_.eta(batch_.mask(i))), t[k] = after[k], part[k].push_back(id);
     }
-    if (ok && !part[1].empty() && std::max(t[0], t[1]) < time(stats(ids), width) - 1e-12) {
-      std::vector<Group> out = split(std::move(part[0]), start, half);
-      for (Group& h : split(std::move(part[1]), start + half, half)) out.push_back(std::move(h));
-      return out;
+    if (ok && !part[1].empty() && std::max(t[0], t[1]) < time(group_stats(batch_, cost_, ids), width) - 1e-12) {
+      const double a = split(std::move(part[0]), start, half, out);
+      return std::max(a, split(std::move(part[1]), start + half, half, out));
     }
-    std::sort(ids.begin(), ids.end());
   }
+  std::sort(ids.begin(), ids.end());
+  const double t = time(group_stats(batch_, cost_, ids), width);
   std::vector<int> ranks(static_cast<std::size_t>(width));
   std::iota(ranks.begin(), ranks.end(), start);
-  return {{std::move(ranks), std::move(ids)}};
+  out.push_back({std::move(ranks), std::move(ids)});
+  return t;
 }
 
 }  // namespace
@@ -306,7 +295,7 @@ Plan profile_units(const Batch& batch, const Cluster& cluster, const CostModel& 
   Plan none;
   none.strategy = "dynacp";
   none.num_ranks = P;
-  if (width <= rpn ? rpn % width != 0 : width % rpn != 0 || P % width != 0) return none;
+  if (!block_size_ok(width, rpn) || (width > rpn && P % width != 0)) return none;
   Units b(batch, cluster, cost, pp, equal_counts, vpp > 1 ? pp : 1);
   const std::size_t n = batch.size();
   // Giants: the `giants` sequences slowest at their best degree, each on a block of its own at the end of the pool
@@ -340,7 +329,7 @@ Plan profile_units(const Batch& batch, const Cluster& cluster, const CostModel& 
       const std::size_t i = best[static_cast<std::size_t>(k)].second;
       g[static_cast<std::size_t>(k)] = stats_of(batch, cost, i);
       for (int e = width; e <= P; e += width)
-        if (b.fits(i, e) && (e <= rpn ? rpn % e == 0 : e % rpn == 0)) sizes[static_cast<std::size_t>(k)].push_back(e);
+        if (b.fits(i, e) && block_size_ok(e, rpn)) sizes[static_cast<std::size_t>(k)].push_back(e);
       if (sizes[static_cast<std::size_t>(k)].empty()) return none;
       used += sizes[static_cast<std::size_t>(k)].front();
     }
@@ -349,7 +338,7 @@ Plan profile_units(const Batch& batch, const Cluster& cluster, const CostModel& 
       return b.time(g[K], sizes[K][at[K]]);
     };
     auto units_floor = [&](int ranks) {
-      return ranks < width ? kInf : pipeline_floor(rest_work / ranks, cost.group_overhead, pp);
+      return ranks < width ? kInf : one_f_one_b_work_floor(rest_work / ranks, cost.group_overhead, pp);
     };
     auto score = [&] {
       double s = units_floor(P - used);

@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 
+#include "clusters.hpp"
 #include "dynacp/model/error.hpp"
 #include "dynacp/sim/pipeline.hpp"
 #include "dynacp/sim/planner.hpp"
@@ -650,13 +651,7 @@ TEST(Pipeline, OneFOneBProfileReachesTheFloor) {
 }
 
 namespace {
-Cluster units_cluster(int P, int rpn, std::int64_t cap_tokens, const CostModel& cost) {
-  Cluster c;
-  c.num_ranks = P;
-  c.ranks_per_node = rpn;
-  c.activation_budget = cost.mem_static + static_cast<double>(cap_tokens) * cost.mem_per_token;
-  return c;
-}
+using dynacp::testing::make_cluster;
 
 /// Checks the unit structure of a profile_units plan with no giants: every group lies inside one block of `width`
 /// ranks at a multiple of width, on an aligned piece of it (width / 2^k ranks), and every rank of a block takes part in
@@ -683,9 +678,9 @@ void expect_units(const Plan& p, int P, int width, const std::string& where) {
 // dynacp keeps the family as a candidate (it is never slower than a units plan and wins some batches with it).
 TEST(Pipeline, ProfileUnits) {
   const CostModel cost;
-  const Cluster cl = units_cluster(8, 4, 16384, cost);
+  const Cluster cl = make_cluster(8, 4, 16384, cost);
   // one sequence: one microbatch on the first unit
-  const Plan one = solve::profile_units(Batch({1000}), units_cluster(2, 2, 16384, cost), cost, 2, 2, false);
+  const Plan one = solve::profile_units(Batch({1000}), make_cluster(2, 2, 16384, cost), cost, 2, 2, false);
   ASSERT_EQ(one.microbatches.size(), 1u);
   EXPECT_EQ(one.microbatches[0], (std::vector<Group>{{{0, 1}, {0}}}));
   // two units of 4: the two sequences go one to each, alone (a single sequence cannot be split into halves)
@@ -718,15 +713,17 @@ TEST(Pipeline, ProfileUnits) {
   EXPECT_TRUE(solve::profile_units(with_giant, cl, cost, 2, 2, false, 1, 100.0).microbatches.empty());
 
   std::mt19937_64 rng(33);
-  std::lognormal_distribution<double> logn(8.0, 1.0);
+  auto random_batch = [&rng](int n) {  // lognormal lengths (median about 3K), clamped to 16..30,000
+    std::lognormal_distribution<double> logn(8.0, 1.0);
+    std::vector<std::int64_t> ls;
+    for (int i = 0; i < n; ++i) ls.push_back(std::clamp<std::int64_t>(static_cast<std::int64_t>(logn(rng)), 16, 30000));
+    return Batch(ls);
+  };
   int won = 0;
   for (int trial = 0; trial < 24; ++trial) {
     const int P = trial % 3 ? 16 : 8, pp = 2 + 2 * (trial % 2);
-    const Cluster c = units_cluster(P, 8, 16384, cost);
-    std::vector<std::int64_t> ls;
-    for (int i = 0; i < 6 * P; ++i)
-      ls.push_back(std::clamp<std::int64_t>(static_cast<std::int64_t>(logn(rng)), 16, 30000));
-    const Batch b(ls);
+    const Cluster c = make_cluster(P, 8, 16384, cost);
+    const Batch b = random_batch(6 * P);
     PlanOptions o;
     o.strategy = "dynacp";
     o.pp = pp;
@@ -754,11 +751,8 @@ TEST(Pipeline, ProfileUnits) {
   int interleaved = 0;
   for (int trial = 0; trial < 8; ++trial) {
     const int P = 16, pp = 2 + 2 * (trial % 2);
-    const Cluster c = units_cluster(P, 8, 16384, cost);
-    std::vector<std::int64_t> ls;
-    for (int i = 0; i < 8 * P; ++i)
-      ls.push_back(std::clamp<std::int64_t>(static_cast<std::int64_t>(logn(rng)), 16, 30000));
-    const Batch b(ls);
+    const Cluster c = make_cluster(P, 8, 16384, cost);
+    const Batch b = random_batch(8 * P);
     PlanOptions o;
     o.strategy = "dynacp";
     o.pp = pp;

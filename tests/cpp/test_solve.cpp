@@ -6,6 +6,7 @@
 #include <limits>
 #include <random>
 
+#include "clusters.hpp"
 #include "dynacp/model/error.hpp"
 #include "dynacp/sim/planner.hpp"
 #include "dynacp/solve/degrees.hpp"
@@ -35,13 +36,7 @@ double brute_force(const DegreeProblem& p) {
   return best;
 }
 
-Cluster make_cluster(int P, int rpn, std::int64_t cap_tokens, const CostModel& cost) {
-  Cluster c;
-  c.num_ranks = P;
-  c.ranks_per_node = rpn;
-  c.activation_budget = cost.mem_static + static_cast<double>(cap_tokens) * cost.mem_per_token;
-  return c;
-}
+using dynacp::testing::make_cluster;
 
 Batch random_batch(std::mt19937_64& rng, int n, std::int64_t max_len, bool masks) {
   std::lognormal_distribution<double> logn(7.0, 1.5);

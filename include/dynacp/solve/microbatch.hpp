@@ -23,6 +23,11 @@ int knee_microbatches(double total, double largest, int ranks, int pp, int kmax,
 /// first microbatch, rising to the heaviest and then falling, beats equal ones. Throws on m < 1 or pp < 1.
 double one_f_one_b_floor(int m, int pp);
 
+/// G(W) = min over m of h(m, pp) (W + m c) / pp (h = one_f_one_b_floor, m <= 64; beyond the table the drain bound
+/// (W + (64 + pp) c) / pp): no 1F1B pipeline running per-rank work W, at c per microbatch, in any split is faster.
+/// Increasing in W.
+double one_f_one_b_work_floor(double W, double c, int pp);
+
 /// One optimal split behind one_f_one_b_floor: the sizes of m microbatches in run order, relative to their mean
 /// (light ones rising over the first pp - 1, a plateau, then falling), from the same linear program
 /// (tools/gen_pipeline_bound.py --profile; the optimum need not be unique, this is the solver's vertex). Tabulated
