@@ -1230,9 +1230,24 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       return t;
     };
     // Extra targets near the whole bound, whose critical and shared terms say how far the hardest rings must widen.
+    // Besides fixed fractions of it, the times of the hardest sequence's degrees in that range: each is the step at
+    // which that ring may narrow by one rank, so the ring sets do not hinge on how tight the bound is.
+    // (A family of their own: kBreakpoint.)
     std::vector<double> extra_targets;
-    if (const double lb_full = std::max(bt.critical, bt.shared); lb_full > 1.02 * lb_pp)
+    std::size_t fractions = 0;  // extra_targets[0, fractions) are the fixed fractions
+    if (const double lb_full = std::max(bt.critical, bt.shared); lb_full > 1.02 * lb_pp) {
       for (double f : {0.9, 0.95, 1.0, 1.05, 1.1, 1.2}) extra_targets.push_back(-f * lb_full);
+      fractions = extra_targets.size();
+      std::size_t hardest = 0;
+      for (std::size_t i = 1; i < batch.size(); ++i)
+        if (cost.work(batch.lengths[i], batch.mask(i)) > cost.work(batch.lengths[hardest], batch.mask(hardest)))
+          hardest = i;
+      GroupStats g;
+      g.add(batch.lengths[hardest], cost.eta(batch.mask(hardest)));
+      for (int d = cost.min_degree(batch.lengths[hardest], cluster); d <= cluster.num_ranks; ++d)
+        if (const double t = cost.time(g, d, cluster); t >= 0.9 * lb_full && t <= 1.2 * lb_full)
+          extra_targets.push_back(-t);
+    }
     struct Trial {
       double score;
       Builder::Pipe spec;
@@ -1240,8 +1255,17 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     std::vector<Trial> trials;
     // The best few plans that meet the count policy (by score, ties by arrival) go on to the slot-order polish.
     // Each family of candidates has polish places of its own, so no extra family pushes out the plain plans or another.
-    enum Family : std::size_t { kPlain, kProfileLead, kIsolated, kExtraTarget, kTiled, kInterleaved, kFamilies };
-    constexpr std::size_t kPlaces[kFamilies] = {3, 2, 1, 1, 1, 2};
+    enum Family : std::size_t {
+      kPlain,
+      kProfileLead,
+      kIsolated,
+      kExtraTarget,
+      kBreakpoint,
+      kTiled,
+      kInterleaved,
+      kFamilies
+    };
+    constexpr std::size_t kPlaces[kFamilies] = {3, 2, 1, 1, 1, 1, 2};
     std::vector<std::vector<std::pair<double, Plan>>> pools(kFamilies);
     auto keep = [&](Plan p, double t, Family family) {
       if (!std::isfinite(t) || !counts_ok(p, cluster.num_ranks, options)) return;
@@ -1253,13 +1277,15 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       pool.insert(at, {t, std::move(p)});
       if (pool.size() > room) pool.pop_back();
     };
-    auto add = [&](const Builder::Pipe& spec, bool extra_target = false, bool alt = false) {
-      const Family family = alt                  ? kInterleaved
-                            : spec.tile          ? kTiled
-                            : extra_target       ? kExtraTarget
-                            : spec.isolate       ? kIsolated
-                            : spec.lead_frac < 0 ? kProfileLead
-                                                 : kPlain;
+    // target_family: kPlain, or the family of the extra target that spec comes from
+    auto add = [&](const Builder::Pipe& spec, Family target_family = kPlain, bool alt = false) {
+      const Family family = alt                            ? kInterleaved
+                            : target_family == kBreakpoint ? kBreakpoint
+                            : spec.tile                    ? kTiled
+                            : target_family != kPlain      ? target_family
+                            : spec.isolate                 ? kIsolated
+                            : spec.lead_frac < 0           ? kProfileLead
+                                                           : kPlain;
       Plan p = b.pipelined(spec, options.pp);
       if (fixed_counts) {
         const int step = options.vpp > 1 ? options.pp : 1;
@@ -1294,12 +1320,13 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       for (std::size_t i = 0; i < targets.size() + extra_targets.size(); ++i) {
         const bool extra = i >= targets.size();
         const double target = extra ? extra_targets[i - targets.size()] : targets[i];
+        const Family from = !extra ? kPlain : i - targets.size() < fractions ? kExtraTarget : kBreakpoint;
         for (bool tile : {false, true}) {
           std::vector<std::size_t> shorts;
           std::vector<std::pair<std::size_t, int>> sig;
           for (const auto& r : b.pipelined_rings(target, mu, shorts, tile)) sig.push_back({r.seq, r.d});
           if (!seen[tile ? 1 : 0].insert(sig).second) continue;  // tiled sets apart, so they take no plain build
-          for (bool align : {false, true}) add({.target = target, .mu = mu, .align = align, .tile = tile}, extra, alt);
+          for (bool align : {false, true}) add({.target = target, .mu = mu, .align = align, .tile = tile}, from, alt);
         }
       }
     }

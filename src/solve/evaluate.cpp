@@ -51,14 +51,52 @@ double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& 
 
 namespace {
 
-// Two microbatches of times a >= b on one 1F1B pipeline of n stages (forward t / (3 n), backward 2 t / (3 n) per
-// stage), whatever else it runs and in either order: stage 0 runs F and B of the earlier one around its whole round
-// trip and then the later one's backward (or its forward before the later one's round trip), and the last stage runs
-// both one after the other between the first forward's fill and the last backward's drain (docs/cost_model.md).
-double pair_floor(double a, double b, double n) {
-  if (a < b) std::swap(a, b);
-  return std::max(a + b / (3 * n), ((n + 2) * a + (2 * n + 1) * b) / (3 * n));
+// Two microbatches of times a and b on one 1F1B pipeline of n stages, whatever else it runs: the chain floor
+// (one_f_one_b_chain_floor) of the order that gives the smaller one (docs/cost_model.md).
+double pair_floor(double a, double b, int n) {
+  const double ab[2] = {a, b}, ba[2] = {b, a};
+  return std::min(one_f_one_b_chain_floor(ab, n), one_f_one_b_chain_floor(ba, n));
 }
+
+// Work grouped with a sequence s* (length L) in a ring of d ranks hides in that ring's exposed communication only
+// as far as it adds more attention than ring traffic: a member of length s adds a eta s^2 / d of attention and
+// (d - 1) s kv / (d bw) of communication per rank, so it hides at most s / d (a eta s - (d - 1) kv / bw) - nothing
+// in a wide inter-node ring unless it is very long. The members fit in the ring's memory (sum s <= d cap - L),
+// so the work hidden per rank is at most (d cap - L) / d max(0, max_j a eta_j s_j - (d - 1) kv / bw), taking
+// the layout (bandwidth) that hides the most. eta_j s_j is the largest over the batch but for s* itself.
+class HideCap {
+ public:
+  HideCap(const Batch& batch, const Cluster& cluster, const CostModel& cost)
+      : cluster_(cluster), cost_(cost), cap_(static_cast<double>(cost.token_capacity(cluster))) {
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      const double v = cost.eta(batch.mask(i)) * static_cast<double>(batch.lengths[i]);
+      if (v > top_[0])
+        top_[1] = top_[0], top_[0] = v;
+      else
+        top_[1] = std::max(top_[1], v);
+    }
+  }
+  // per-rank work that other members of s*'s ring of d ranks can hide (s* = len with mask)
+  double operator()(std::int64_t len, Mask mask, int d) const {
+    if (d <= 1) return 0.0;
+    const double own = cost_.eta(mask) * static_cast<double>(len);
+    const double eta_s = own >= top_[0] ? top_[1] : top_[0];  // the best other member
+    const double room = std::max(0.0, d * cap_ - static_cast<double>(len)) / d;
+    double per_token = -1.0;
+    auto layout = [&](double bw) {
+      per_token = std::max(per_token, cost_.attn_coef * eta_s - (d - 1) * cost_.kv_bytes_per_token / bw);
+    };
+    layout(cluster_.inter_node_bandwidth);
+    if (d <= cluster_.ranks_per_node) layout(cluster_.intra_node_bandwidth);
+    return room * std::max(0.0, per_token);
+  }
+
+ private:
+  const Cluster& cluster_;
+  const CostModel& cost_;
+  double cap_;
+  double top_[2] = {0.0, 0.0};
+};
 
 // The k hardest sequences (k = 2..kGiants, by work) either meet - two of them on one rank, as two microbatches
 // (pair_floor of their fastest times) or in one group (that group's fastest time) - or run on pairwise disjoint
@@ -69,7 +107,7 @@ double pair_floor(double a, double b, double n) {
 //   P C(S) + sum_i max_{d_i} d_i (cap_i(d_i) - C(S)) < W'   or   sum_i (least feasible d_i) > P.
 // Feasibility grows with S, so the least feasible S is found by bisection; the term is max_k min(meet_k, that S).
 double shared_term(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, double total_work,
-                   const std::function<double(double)>& G) {
+                   const std::function<double(double)>& G, const HideCap& hide) {
   constexpr std::size_t kGiants = 8;
   const int P = cluster.num_ranks, rpn = cluster.ranks_per_node;
   const double n = pp, c = cost.group_overhead;
@@ -121,8 +159,8 @@ double shared_term(const Batch& batch, const Cluster& cluster, const CostModel& 
         const double t = time[i][j];
         const int d = dmin[i] + static_cast<int>(j);
         if (t > S) continue;
-        const double E = std::max(0.0, t - w[i] / d - c);
-        const double room = std::min(3 * n * (S - t) + E, C - w[i] / d);
+        const double E = std::min(std::max(0.0, t - w[i] / d - c), hide(batch.lengths[ids[i]], batch.mask(ids[i]), d));
+        const double room = std::min(3 * n * (S - t) + E, C - (t - c - E));
         if (room < 0) continue;
         if (least == 0) least = d;
         gain = std::max(gain, d * (room - C));
@@ -136,7 +174,7 @@ double shared_term(const Batch& batch, const Cluster& cluster, const CostModel& 
   for (std::size_t m = 2; m <= k; ++m) {
     const std::size_t j = m - 1;
     for (std::size_t i = 0; i < j; ++i) {
-      meet = std::min(meet, pair_floor(best[i], best[j], n));
+      meet = std::min(meet, pair_floor(best[i], best[j], pp));
       GroupStats both = stats[i];
       both.add(batch.lengths[ids[j]], cost.eta(batch.mask(ids[j])));
       for (int d = cost.min_degree(both.tokens, cluster); d <= P; ++d) meet = std::min(meet, fastest(both, d));
@@ -190,6 +228,7 @@ PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& clu
     // grows with W, and some rank has W_r >= sum work / P. Beyond the table (m > 64) the bound above applies with
     // S >= W + 65 c (one_f_one_b_work_floor).
     auto G = [&](double W) { return one_f_one_b_work_floor(W, c, pp); };
+    const HideCap hide(batch, cluster, cost);
     average = std::max(average, G(t.average - c));
     // The hardest sequence s* in a group of degree d: that microbatch J takes t_J >= T(s*, d), and on stage 0 of
     // each of its ranks the ops before F_J, J's round trip through all stages (t_J) and the ops after B_J form a
@@ -208,8 +247,8 @@ PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& clu
       for (int d = cost.min_degree(len, cluster); d <= cluster.num_ranks; ++d) {
         const double Td = cost.time(g, d, cluster);
         if (Td >= best) continue;
-        const double E = std::max(0.0, Td - ws / d - c);
-        auto host = [&](double X) { return std::max(Td + std::max(0.0, X - E) / (3 * n), G(ws / d + X)); };
+        const double E = std::min(std::max(0.0, Td - ws / d - c), hide(len, mask, d));
+        auto host = [&](double X) { return std::max(Td + std::max(0.0, X - E) / (3 * n), G(Td - c - E + X)); };
         if (d == cluster.num_ranks) {
           best = std::min(best, host(std::max(0.0, Wp) / P));
           continue;
@@ -230,7 +269,7 @@ PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& clu
       }
       if (std::isfinite(best)) critical = std::max(critical, best);
     }
-    shared = shared_term(batch, cluster, cost, pp, std::max(0.0, t.average - c) * P, G);
+    shared = shared_term(batch, cluster, cost, pp, std::max(0.0, t.average - c) * P, G, hide);
   }
   const double wide = t.wide_work > 0 ? (t.wide_work / P + c) / n : 0.0;
   return {t.single, wide, average, critical, shared};

@@ -56,6 +56,32 @@ std::vector<double> one_f_one_b_profile(int m, int pp) {
   return out;
 }
 
+double one_f_one_b_chain_floor(std::span<const double> times, int pp) {
+  if (pp < 1) invalid("one_f_one_b_chain_floor: pp must be >= 1, got ", pp);
+  for (std::size_t i = 0; i < times.size(); ++i)
+    if (!std::isfinite(times[i]) || times[i] < 0)
+      invalid("one_f_one_b_chain_floor: microbatch ", i, " has time ", times[i], "; need finite and >= 0");
+  // Longest path, microbatch by microbatch: its forwards from stage 0 up, then its backwards from the last stage
+  // down. fwd[k] / bwd[k]: when the latest microbatch's forward / backward on stage k ends at the earliest.
+  const auto P = static_cast<std::size_t>(pp);
+  std::vector<double> fwd(P, 0.0), bwd(P, 0.0);
+  const double f_share = 1.0 / (3.0 * pp), b_share = 2.0 / (3.0 * pp);
+  for (double t : times) {
+    double ready = 0.0;  // the forward on the stage before
+    for (std::size_t k = 0; k < P; ++k) {
+      // on the last stage, the previous microbatch's backward comes first
+      const double prev = k + 1 == P ? std::max(fwd[k], bwd[k]) : fwd[k];
+      fwd[k] = std::max(prev, ready) + t * f_share;
+      ready = fwd[k];
+    }
+    for (std::size_t k = P; k-- > 0;) {
+      bwd[k] = std::max(bwd[k], ready) + t * b_share;
+      ready = bwd[k];
+    }
+  }
+  return times.empty() ? 0.0 : bwd[0];
+}
+
 double one_f_one_b_makespan(std::span<const double> times, int pp) {
   if (pp < 1) invalid("one_f_one_b_makespan: pp must be >= 1, got ", pp);
   for (std::size_t i = 0; i < times.size(); ++i)

@@ -373,21 +373,26 @@ TEST(Pipeline, OneFOneBRoundTripChain) {
 }
 
 TEST(Pipeline, OneFOneBPairFloor) {
-  // Any two microbatches a >= b of one pipeline, whatever else it runs: T >= max(a + b / (3 pp),
-  // ((pp + 2) a + (2 pp + 1) b) / (3 pp)) (docs/cost_model.md); two equal ones alone reach the second exactly.
-  auto floor2 = [](double a, double b, int pp) {
-    if (a < b) std::swap(a, b);
-    return std::max(a + b / (3.0 * pp), ((pp + 2) * a + (2 * pp + 1) * b) / (3.0 * pp));
-  };
-  EXPECT_NEAR(one_rank(std::vector<double>{1.0, 1.0}, 4), floor2(1.0, 1.0, 4), 1e-12);    // 1.25
-  EXPECT_NEAR(one_rank(std::vector<double>{1.0, 12.0}, 4), floor2(12.0, 1.0, 4), 1e-12);  // light one first
+  // Any two microbatches of one pipeline, whatever else it runs, take at least the chain floor of their order, so
+  // at least pair(a, b) = the smaller of the two orders' floors (docs/cost_model.md), which is above the order-free
+  // max(a + b / (3 pp), ((pp + 2) a + (2 pp + 1) b) / (3 pp)) used before. Through the simulator, with triples too.
+  auto chain = [](std::vector<double> x, int pp) { return solve::one_f_one_b_chain_floor(x, pp); };
+  auto pair = [&](double a, double b, int pp) { return std::min(chain({a, b}, pp), chain({b, a}, pp)); };
+  EXPECT_NEAR(one_rank(std::vector<double>{1.0, 1.0}, 4), pair(1.0, 1.0, 4), 1e-12);  // 1.25
+  EXPECT_NEAR(pair(1.0, 1.0, 4), 1.25, 1e-12);
+  EXPECT_NEAR(one_rank(std::vector<double>{1.0, 12.0}, 4), pair(12.0, 1.0, 4), 1e-12);  // light one first
+  EXPECT_NEAR(pair(2.0, 1.4, 4), 2.2, 1e-12);  // the order-free value is 2 + 1.4 / 12
   std::mt19937_64 rng(11);
   for (int trial = 0; trial < 2000; ++trial) {
     const int pp = 2 + static_cast<int>(rng() % 7), m = 2 + static_cast<int>(rng() % 15);
     const std::vector<double> t = random_times(rng, m, trial % 2 ? 1.0 : 4.0);
     const double got = one_rank(t, pp);
     for (int a = 0; a < m; ++a)
-      for (int b = a + 1; b < m; ++b) EXPECT_GE(got, floor2(t[a], t[b], pp) * (1 - 1e-12)) << "pp " << pp << " m " << m;
+      for (int b = a + 1; b < m; ++b) {
+        EXPECT_GE(got, chain({t[a], t[b]}, pp) * (1 - 1e-12)) << "pp " << pp << " m " << m;
+        const int c = b + 1 + static_cast<int>(rng() % static_cast<unsigned>(m - b));
+        if (c < m) EXPECT_GE(got, chain({t[a], t[b], t[c]}, pp) * (1 - 1e-12)) << "pp " << pp << " m " << m;
+      }
   }
 }
 
@@ -629,6 +634,40 @@ TEST(Pipeline, OneFOneBMakespanIsTheSimulators) {
     const std::vector<double> t = random_times(rng, m, trial % 2 ? 1.0 : 3.0);
     EXPECT_NEAR(solve::one_f_one_b_makespan(t, pp), one_rank(t, pp), 1e-12) << "pp " << pp << " m " << m;
   }
+}
+
+// The chain floor of microbatches in a given order holds for every list that runs them in that order, whatever
+// else it runs around them: against the exact makespan of random lists and random order-keeping sublists. Hand
+// values: one microbatch is its round trip, two are the three chains of the docs, equal ones the closed form.
+TEST(Pipeline, OneFOneBChainFloorHoldsAroundAnyOtherWork) {
+  const double n = 4;
+  EXPECT_DOUBLE_EQ(solve::one_f_one_b_chain_floor(std::vector<double>{}, 4), 0.0);
+  EXPECT_NEAR(solve::one_f_one_b_chain_floor(std::vector<double>{2.5}, 4), 2.5, 1e-12);
+  for (auto [a, b] : {std::pair{2.0, 1.4}, std::pair{1.4, 2.0}, std::pair{1.0, 1.0}, std::pair{3.0, 0.1}}) {
+    const double hand = std::max({a + 2 * b / (3 * n), a / (3 * n) + b, ((n + 2) * a + (2 * n + 1) * b) / (3 * n)});
+    EXPECT_NEAR(solve::one_f_one_b_chain_floor(std::vector<double>{a, b}, 4), hand, 1e-12) << a << " " << b;
+  }
+  // 1.4 then 2.0 alone: 2.2 = its exact makespan, above the order-free pair bound 2 + 1.4 / 12 it replaces
+  EXPECT_NEAR(solve::one_f_one_b_chain_floor(std::vector<double>{1.4, 2.0}, 4), 2.2, 1e-12);
+  EXPECT_NEAR(solve::one_f_one_b_makespan(std::vector<double>{1.4, 2.0}, 4), 2.2, 1e-12);
+  EXPECT_NEAR(solve::one_f_one_b_chain_floor(std::vector<double>(6, 1.5), 4), (6 + 3) * 1.5 / 4, 1e-12);
+  EXPECT_THROW(solve::one_f_one_b_chain_floor(std::vector<double>{1.0}, 0), InvalidArgument);
+  EXPECT_THROW(solve::one_f_one_b_chain_floor(std::vector<double>{1.0, NAN}, 2), InvalidArgument);
+  std::mt19937_64 rng(33);
+  int tight = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int pp = 1 + static_cast<int>(rng() % 8), m = 1 + static_cast<int>(rng() % 16);
+    const std::vector<double> t = random_times(rng, m, trial % 2 ? 1.0 : 3.0);
+    const double full = solve::one_f_one_b_makespan(t, pp);
+    std::vector<double> sub;
+    for (double x : t)
+      if (rng() % 3 == 0) sub.push_back(x);
+    const double floor = solve::one_f_one_b_chain_floor(sub, pp);
+    EXPECT_LE(floor, full * (1 + 1e-12)) << "pp " << pp << " m " << m << " sub " << sub.size();
+    EXPECT_LE(solve::one_f_one_b_chain_floor(t, pp), full * (1 + 1e-12)) << "pp " << pp << " m " << m;
+    if (sub.size() == t.size() && floor > full * (1 - 1e-12)) ++tight;
+  }
+  EXPECT_GT(tight, 0);  // a kept-whole list often reaches it (a floor that never bites would say nothing)
 }
 
 // The tabulated optimal split sums to m (3 decimals) and reaches h(m, pp) to within the rounding; its first

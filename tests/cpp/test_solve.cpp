@@ -437,6 +437,31 @@ TEST(LowerBound, HardSequencesThatMustShareRanks) {
   EXPECT_GE(lower_bound(b, c, cost, o), 1.25 * best - 1e-12);
 }
 
+TEST(LowerBound, ShortWorkCannotHideInAWideRing) {
+  // A sequence that memory spreads over all 64 ranks (8 nodes) leaves most of its ring's communication exposed,
+  // but 512-token sequences add more ring traffic than attention there, so none of the other work hides in it:
+  // every rank runs the ring (T64) plus on average W' / 64 of other work, and of that at least a third of a
+  // pipeline stage's share, 1 / (3 pp), lies on the ring's critical path (the critical-sequence term, d = P).
+  CostModel cost;
+  const Cluster c = make_cluster(64, 8, 2048, cost);
+  Batch b;
+  b.lengths.assign(641, 512);
+  b.lengths[0] = 64 * 2048;
+  ASSERT_EQ(cost.min_degree(b.lengths[0], c), 64);
+  GroupStats g;
+  g.add(b.lengths[0], cost.eta(Mask::Causal));
+  const double T64 = cost.time(g, 64, c), W_other = 640 * cost.work(512, Mask::Causal);
+  const double X = W_other / 64, exposed = T64 - cost.work(b.lengths[0], Mask::Causal) / 64 - cost.group_overhead;
+  ASSERT_GT(exposed, X);  // were the exposed communication free for other work, the term would add nothing
+  const auto terms = pipelined_bound_terms(b, c, cost, 4);
+  EXPECT_NEAR(terms.critical, T64 + X / 12, 1e-12);
+  PlanOptions o;
+  o.pp = 4;
+  EXPECT_NEAR(lower_bound(b, c, cost, o), T64 + X / 12, 1e-12);
+  o.strategy = "dynacp";
+  EXPECT_GE(plan(b, c, cost, o).predicted.step_time, T64 + X / 12);
+}
+
 TEST(LowerBound, PipelinedHandChecked) {
   // One rank (one pipeline of pp stages) and n equal sequences of work w: every microbatch takes at least w + c,
   // so T >= max(w + c, (n w + c) / pp + (pp - 1)(c + w) / (pp vpp)).

@@ -40,4 +40,13 @@ std::vector<double> one_f_one_b_profile(int m, int pp);
 /// other pipelines. Throws on pp < 1 or a negative or non-finite time.
 double one_f_one_b_makespan(std::span<const double> times, int pp);
 
+/// A floor on the makespan of any 1F1B pipeline of pp stages that runs microbatches of these times in this order,
+/// whatever other microbatches it runs before, between or after them: the longest chain through their ops along
+/// the orders every such schedule keeps (each stage runs forwards in microbatch order and backwards in microbatch
+/// order, the last stage alternates F and B of consecutive microbatches, and a microbatch crosses the stages forward
+/// and back). One microbatch gives its time t (its round trip); two, a then b, give
+/// max(a + 2 b / (3 pp), a / (3 pp) + b, ((pp + 2) a + (2 pp + 1) b) / (3 pp)). Throws on pp < 1 or a negative or
+/// non-finite time.
+double one_f_one_b_chain_floor(std::span<const double> times, int pp);
+
 }  // namespace dynacp::solve
