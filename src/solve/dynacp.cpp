@@ -1129,6 +1129,7 @@ Plan reorder_slots(Plan plan, double t, const Batch& batch, const Cluster& clust
   }
   constexpr int kBudget = 96;
   int spent = 0;
+  bool moved_any = false;
   for (bool better = true; better && spent < kBudget;) {
     better = false;
     for (std::size_t i = 0; i + 1 < n && spent < kBudget; ++i)
@@ -1230,14 +1231,12 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       return t;
     };
     // Extra targets near the whole bound, whose critical and shared terms say how far the hardest rings must widen.
-    // Besides fixed fractions of it, the times of the hardest sequence's degrees in that range: each is the step at
-    // which that ring may narrow by one rank, so the ring sets do not hinge on how tight the bound is.
-    // (A family of their own: kBreakpoint.)
-    std::vector<double> extra_targets;
-    std::size_t fractions = 0;  // extra_targets[0, fractions) are the fixed fractions
+    // Besides fixed fractions of it, the times of the hardest sequence's degrees in that range (breaks): each is the
+    // step at which that ring may narrow by one rank. They are tried at the best extra targets' mu (below), as a
+    // family of their own (kBreakpoint), so the ring sets tried do not hinge on how tight the bound is.
+    std::vector<double> extra_targets, breaks;
     if (const double lb_full = std::max(bt.critical, bt.shared); lb_full > 1.02 * lb_pp) {
       for (double f : {0.9, 0.95, 1.0, 1.05, 1.1, 1.2}) extra_targets.push_back(-f * lb_full);
-      fractions = extra_targets.size();
       std::size_t hardest = 0;
       for (std::size_t i = 1; i < batch.size(); ++i)
         if (cost.work(batch.lengths[i], batch.mask(i)) > cost.work(batch.lengths[hardest], batch.mask(hardest)))
@@ -1245,8 +1244,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       GroupStats g;
       g.add(batch.lengths[hardest], cost.eta(batch.mask(hardest)));
       for (int d = cost.min_degree(batch.lengths[hardest], cluster); d <= cluster.num_ranks; ++d)
-        if (const double t = cost.time(g, d, cluster); t >= 0.9 * lb_full && t <= 1.2 * lb_full)
-          extra_targets.push_back(-t);
+        if (const double t = cost.time(g, d, cluster); t >= 0.9 * lb_full && t <= 1.2 * lb_full) breaks.push_back(-t);
     }
     struct Trial {
       double score;
@@ -1278,7 +1276,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       if (pool.size() > room) pool.pop_back();
     };
     // target_family: kPlain, or the family of the extra target that spec comes from
-    auto add = [&](const Builder::Pipe& spec, Family target_family = kPlain, bool alt = false) {
+    auto add = [&](const Builder::Pipe& spec, Family target_family = kPlain, bool alt = false) -> double {
       const Family family = alt                            ? kInterleaved
                             : target_family == kBreakpoint ? kBreakpoint
                             : spec.tile                    ? kTiled
@@ -1308,7 +1306,9 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       const double t = score(p, batch, cluster, cost, options);
       if (spec.order == 0 && spec.lead == 0 && family == kPlain) trials.push_back({t, spec});
       keep(std::move(p), t, family);
+      return t;
     };
+    std::vector<std::pair<double, double>> extra_trials;  // (score, mu) of the extra targets' untiled builds
     // Targets only change the degrees of rings that cannot reach mu: each distinct ring set is built once, with
     // rings placed by estimate and with ranks of fewer rings first (align).
     for (int k = 0; k < (lb_alt > 0 ? 2 : 1) * kMuGrid; ++k) {
@@ -1320,14 +1320,34 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       for (std::size_t i = 0; i < targets.size() + extra_targets.size(); ++i) {
         const bool extra = i >= targets.size();
         const double target = extra ? extra_targets[i - targets.size()] : targets[i];
-        const Family from = !extra ? kPlain : i - targets.size() < fractions ? kExtraTarget : kBreakpoint;
         for (bool tile : {false, true}) {
           std::vector<std::size_t> shorts;
           std::vector<std::pair<std::size_t, int>> sig;
           for (const auto& r : b.pipelined_rings(target, mu, shorts, tile)) sig.push_back({r.seq, r.d});
           if (!seen[tile ? 1 : 0].insert(sig).second) continue;  // tiled sets apart, so they take no plain build
-          for (bool align : {false, true}) add({.target = target, .mu = mu, .align = align, .tile = tile}, from, alt);
+          for (bool align : {false, true}) {
+            const double t =
+                add({.target = target, .mu = mu, .align = align, .tile = tile}, extra ? kExtraTarget : kPlain, alt);
+            if (extra && !tile) extra_trials.push_back({t, mu});
+          }
         }
+      }
+    }
+    // the breaks at the mu of the best two extra-target builds (untiled: a break moves one ring by one rank)
+    std::stable_sort(extra_trials.begin(), extra_trials.end(),
+                     [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::vector<double> break_mus;
+    for (const auto& [t, mu] : extra_trials)
+      if (break_mus.size() < 2 && std::find(break_mus.begin(), break_mus.end(), mu) == break_mus.end())
+        break_mus.push_back(mu);
+    for (double mu : break_mus) {
+      std::set<std::vector<std::pair<std::size_t, int>>> seen;
+      for (double target : breaks) {
+        std::vector<std::size_t> shorts;
+        std::vector<std::pair<std::size_t, int>> sig;
+        for (const auto& r : b.pipelined_rings(target, mu, shorts, false)) sig.push_back({r.seq, r.d});
+        if (!seen.insert(sig).second) continue;
+        for (bool align : {false, true}) add({.target = target, .mu = mu, .align = align}, kBreakpoint);
       }
     }
     // refine mu between the best grid point's neighbours (a third and two thirds of a grid step either way)
@@ -1386,7 +1406,11 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
   // rank), whole-pool slots: every rank runs every slot, and one group per slot cannot deadlock.
   if (options.pp > 1)
     std::erase_if(candidates, [&](const Plan& p) { return !counts_ok(p, cluster.num_ranks, options); });
-  if (auto best = best_of(std::move(candidates), batch, cluster, cost, options)) return std::move(*best);
+  if (auto best = best_of(std::move(candidates), batch, cluster, cost, options)) {
+    if (options.pp <= 1) return std::move(*best);
+    const double t = score(*best, batch, cluster, cost, options);
+    return reorder_rings(std::move(*best), t, batch, cluster, cost, options);
+  }
   if (options.pp <= 1) throw Error("dynacp: no candidate plan could be scored (a bug)");
   if (Plan p = pool_slots(batch, cluster, cost, options.vpp > 1 ? options.pp : 1); !p.microbatches.empty()) return p;
   invalid("dynacp: no plan meets the count policy (", batch.size(), " sequences on ", cluster.num_ranks,

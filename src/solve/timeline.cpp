@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 
 #include "dynacp/model/error.hpp"
 #include "dynacp/solve/evaluate.hpp"
+#include "dynacp/solve/microbatch.hpp"
 #include "dynacp/solve/placement.hpp"
 #include "dynacp/solve/strategies.hpp"
 
@@ -57,6 +59,111 @@ std::optional<Plan> best_of(std::vector<Plan> candidates, const Batch& batch, co
     if (const double t = score(candidates[i], batch, cluster, cost, options); t < best_t) best = i, best_t = t;
   if (best == candidates.size()) return std::nullopt;
   return std::move(candidates[best]);
+}
+
+Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& cluster, const CostModel& cost,
+                   const PlanOptions& options) {
+  std::vector<Group> groups;
+  for (const auto& slot : plan.microbatches) groups.insert(groups.end(), slot.begin(), slot.end());
+  std::vector<double> time(groups.size());
+  for (std::size_t i = 0; i < groups.size(); ++i)
+    time[i] = cost.time(group_stats(batch, cost, groups[i].sequences), groups[i].degree(),
+                        crosses_nodes(groups[i].ranks, cluster), cluster);
+  const auto P = static_cast<std::size_t>(cluster.num_ranks);
+  auto layout = [&](const std::vector<std::size_t>& order) {
+    std::vector<int> last(P, -1);
+    std::vector<std::vector<Group>> slots;
+    for (std::size_t i : order) {
+      int k = 0;
+      for (int r : groups[i].ranks) k = std::max(k, last[static_cast<std::size_t>(r)] + 1);
+      for (int r : groups[i].ranks) last[static_cast<std::size_t>(r)] = k;
+      if (slots.size() <= static_cast<std::size_t>(k)) slots.resize(static_cast<std::size_t>(k) + 1);
+      slots[static_cast<std::size_t>(k)].push_back(groups[i]);
+    }
+    return slots;
+  };
+  auto rank_lists = [&](const std::vector<std::size_t>& order) {  // each rank's groups, in one pass
+    std::vector<std::vector<std::size_t>> out(P);
+    for (std::size_t i : order)
+      for (int r : groups[i].ranks) out[static_cast<std::size_t>(r)].push_back(i);
+    return out;
+  };
+  auto list_time = [&](const std::vector<std::size_t>& list) {
+    std::vector<double> x;
+    for (std::size_t i : list) x.push_back(time[i]);
+    return one_f_one_b_makespan(x, options.pp);
+  };
+  std::vector<std::size_t> order(groups.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  constexpr int kBudget = 64;
+  constexpr std::size_t npos = static_cast<std::size_t>(-1);
+  int spent = 0;
+  bool moved_any = false;
+  for (bool better = true; better && spent < kBudget;) {
+    better = false;
+    const auto lists = rank_lists(order);
+    std::size_t crit = 0;
+    double worst = -1.0;
+    for (std::size_t r = 0; r < P; ++r)
+      if (const double m = list_time(lists[r]); m > worst) worst = m, crit = r;
+    const std::vector<std::size_t>& list = lists[crit];
+    // Scores `order` with group g moved right before group h (h == npos: right after group `last`).
+    auto attempt = [&](std::size_t g, std::size_t h, std::size_t last) {
+      std::vector<std::size_t> next = order;
+      next.erase(std::find(next.begin(), next.end(), g));
+      next.insert(h != npos ? std::find(next.begin(), next.end(), h) : std::find(next.begin(), next.end(), last) + 1,
+                  g);
+      Plan trial;
+      trial.strategy = plan.strategy, trial.num_ranks = plan.num_ranks, trial.microbatches = layout(next);
+      ++spent;
+      if (const double s = score(trial, batch, cluster, cost, options); s < t - 1e-12)
+        t = s, order = std::move(next), better = moved_any = true;
+    };
+    // the critical rank's rings, where the move shortens its list
+    for (std::size_t a = 0; a < list.size() && !better && spent < kBudget; ++a) {
+      if (groups[list[a]].degree() < 2) continue;
+      for (std::size_t b = 0; b <= list.size() && !better && spent < kBudget; ++b) {
+        if (b == a || b == a + 1) continue;  // before itself or its successor: no move
+        std::vector<std::size_t> moved = list;
+        moved.erase(moved.begin() + static_cast<std::ptrdiff_t>(a));
+        moved.insert(moved.begin() + static_cast<std::ptrdiff_t>(b > a ? b - 1 : b), list[a]);
+        if (list_time(moved) < worst - 1e-12) attempt(list[a], b < list.size() ? list[b] : npos, list.back());
+      }
+    }
+    // else the rings that share ranks with its rings (what they wait for), past the rings on their own ranks
+    std::vector<std::size_t> near;
+    for (std::size_t i : list)
+      if (groups[i].degree() >= 2)
+        for (int r : groups[i].ranks)
+          for (std::size_t j : lists[static_cast<std::size_t>(r)])
+            if (groups[j].degree() >= 2 && std::find(list.begin(), list.end(), j) == list.end()) near.push_back(j);
+    std::sort(near.begin(), near.end());
+    near.erase(std::unique(near.begin(), near.end()), near.end());
+    std::stable_sort(near.begin(), near.end(), [&](std::size_t x, std::size_t y) { return time[x] > time[y]; });
+    for (std::size_t g : near) {
+      if (better || spent >= kBudget) break;
+      std::vector<std::size_t> rings;  // the rings on g's ranks, in order
+      for (std::size_t i : order)
+        if (i != g && groups[i].degree() >= 2 &&
+            std::any_of(groups[i].ranks.begin(), groups[i].ranks.end(), [&](int r) {
+              return std::find(groups[g].ranks.begin(), groups[g].ranks.end(), r) != groups[g].ranks.end();
+            }))
+          rings.push_back(i);
+      if (rings.empty()) continue;
+      const auto pos_g = std::find(order.begin(), order.end(), g) - order.begin();
+      for (std::size_t b = 0; b <= rings.size() && !better && spent < kBudget; ++b) {
+        // skip the two positions that leave g where it is among these rings
+        const auto before = [&](std::size_t k) {
+          return std::find(order.begin(), order.end(), rings[k]) - order.begin() < pos_g;
+        };
+        if ((b < rings.size() && !before(b) && (b == 0 || before(b - 1))) || (b == rings.size() && before(b - 1)))
+          continue;
+        attempt(g, b < rings.size() ? rings[b] : npos, rings.back());
+      }
+    }
+  }
+  if (moved_any) plan.microbatches = layout(order);
+  return plan;
 }
 
 }  // namespace dynacp::solve

@@ -44,4 +44,17 @@ double score(const Plan& plan, const Batch& batch, const Cluster& cluster, const
 std::optional<Plan> best_of(std::vector<Plan> candidates, const Batch& batch, const Cluster& cluster,
                             const CostModel& cost, const PlanOptions& options);
 
+/// Ring order polish of a pipelined plan whose score is t. A plan is a global order of its groups (slot by slot),
+/// and any global order keeps every two groups in one order on all the ranks they share, so it cannot deadlock;
+/// laid out again as early as each rank allows (a group's slot is one past its ranks' last), every rank keeps its
+/// list. Unlike whole-slot moves, a ring can so pass the rings of other ranks it shared a slot with (on longcontext
+/// and github the two halves of the pool each order their own half-pool rings around the full-pool ones). Moves a
+/// ring (degree >= 2) of the rank with the slowest 1F1B list (one_f_one_b_makespan, without ring synchronisation)
+/// before another group of that rank, or after its last, where that shortens the rank's list; failing that, a ring
+/// that shares ranks with that rank's rings (what they wait for) before another ring on its ranks or after their
+/// last. The score decides (first improvement, at most 64 scorings). Returns the plan unchanged (same slots) when no
+/// move lowers the score, else the moved order laid out anew. Every rank keeps its groups and its microbatch count.
+Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& cluster, const CostModel& cost,
+                   const PlanOptions& options);
+
 }  // namespace dynacp::solve
