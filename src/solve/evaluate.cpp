@@ -101,8 +101,9 @@ class HideCap {
 // The k hardest sequences (k = 2..kGiants, by work) either meet - two of them on one rank, as two microbatches
 // (pair_floor of their fastest times) or in one group (that group's fastest time) - or run on pairwise disjoint
 // rings. In the disjoint case a step S needs degrees d_i with T_i(d_i) <= S and sum d_i <= P, and the other work W'
-// (all but theirs) must fit: giant i's ranks take at most min(3 pp (S - T_i) + E_i, C(S) - w_i / d_i) each (the
-// critical-sequence argument), the other ranks at most C(S) = the most work G allows within S. Bounding the
+// (all but theirs) must fit: giant i's ranks take at most min(3 pp (S - T_i) + E_i, C(S) - (T_i - c - E_i)) each
+// (the critical-sequence argument, E_i capped by HideCap), the other ranks at most C(S) = the most work G allows
+// within S. Bounding the
 // capacity by each giant's best degree separately (a relaxation, so still a bound), S is infeasible when
 //   P C(S) + sum_i max_{d_i} d_i (cap_i(d_i) - C(S)) < W'   or   sum_i (least feasible d_i) > P.
 // Feasibility grows with S, so the least feasible S is found by bisection; the term is max_k min(meet_k, that S).
@@ -234,10 +235,12 @@ PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& clu
     // each of its ranks the ops before F_J, J's round trip through all stages (t_J) and the ops after B_J form a
     // chain; of the rank's other ops only the forwards of the next pp - 1 microbatches (1/3 of their time) and
     // the backwards of the previous pp - 1 (2/3) can overlap the round trip. So a rank running other work X
-    // besides J finishes after >= T(s*, d) + max(0, X - E_d) / (3 pp), where E_d = T(s*, d) - w* / d - c is the
-    // exposed communication (work grouped with s* in J may hide up to E_d). With X the mean other work of J's d
-    // ranks, the other P - d ranks share W' - d X (W' = sum work - w*), and every rank also obeys G:
-    //   T >= min_d min_X max(T(s*, d) + max(0, X - E_d) / (3 pp), G(w* / d + X), G((W' - d X) / (P - d))).
+    // besides J finishes after >= T(s*, d) + max(0, X - E_d) / (3 pp), where E_d, what work grouped with s* in J
+    // may hide, is the smaller of the exposed communication T(s*, d) - w* / d - c and HideCap. The rank's
+    // microbatches add up to >= T(s*, d) - E_d + X + m c. With X the mean other work of J's d ranks, the other
+    // P - d ranks share W' - d X (W' = sum work - w*), and every rank also obeys G:
+    //   T >= min_d min_X max(T(s*, d) + max(0, X - E_d) / (3 pp), G(T(s*, d) - c - E_d + X),
+    //                        G((W' - d X) / (P - d))).
     // (d = P: X = W' / P.) The first two terms grow with X and the last falls, so X is found by bisection.
     for (const auto& [len, mask] : t.longest) {
       GroupStats g;

@@ -130,29 +130,32 @@ Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& clust
         if (list_time(moved) < worst - 1e-12) attempt(list[a], b < list.size() ? list[b] : npos, list.back());
       }
     }
+    if (better) continue;
     // else the rings that share ranks with its rings (what they wait for), past the rings on their own ranks
+    std::vector<char> seen(groups.size(), 0);  // crit's own groups, then the rings already taken
+    for (std::size_t i : list) seen[i] = 1;
     std::vector<std::size_t> near;
     for (std::size_t i : list)
       if (groups[i].degree() >= 2)
         for (int r : groups[i].ranks)
           for (std::size_t j : lists[static_cast<std::size_t>(r)])
-            if (groups[j].degree() >= 2 && std::find(list.begin(), list.end(), j) == list.end()) near.push_back(j);
+            if (groups[j].degree() >= 2 && !seen[j]) seen[j] = 1, near.push_back(j);
     std::sort(near.begin(), near.end());
-    near.erase(std::unique(near.begin(), near.end()), near.end());
     std::stable_sort(near.begin(), near.end(), [&](std::size_t x, std::size_t y) { return time[x] > time[y]; });
     for (std::size_t g : near) {
       if (better || spent >= kBudget) break;
+      std::vector<char> on(P, 0);  // g's ranks
+      for (int r : groups[g].ranks) on[static_cast<std::size_t>(r)] = 1;
       std::vector<std::size_t> rings;  // the rings on g's ranks, in order
       for (std::size_t i : order)
         if (i != g && groups[i].degree() >= 2 &&
-            std::any_of(groups[i].ranks.begin(), groups[i].ranks.end(), [&](int r) {
-              return std::find(groups[g].ranks.begin(), groups[g].ranks.end(), r) != groups[g].ranks.end();
-            }))
+            std::any_of(groups[i].ranks.begin(), groups[i].ranks.end(),
+                        [&](int r) { return on[static_cast<std::size_t>(r)] != 0; }))
           rings.push_back(i);
       if (rings.empty()) continue;
       const auto pos_g = std::find(order.begin(), order.end(), g) - order.begin();
       for (std::size_t b = 0; b <= rings.size() && !better && spent < kBudget; ++b) {
-        // skip the two positions that leave g where it is among these rings
+        // skip the position that leaves g where it is among these rings
         const auto before = [&](std::size_t k) {
           return std::find(order.begin(), order.end(), rings[k]) - order.begin() < pos_g;
         };
