@@ -186,6 +186,9 @@ class Builder {
     return best;
   }
 
+  /// The sequence with the most work (ties: the lowest id).
+  const Seq& hardest() const { return seqs_[order_.front()]; }
+
   /// Largest single-rank time among sequences that fit one rank, and the time of the hardest ring sequence.
   double upper_tau() const {
     double t = 0;
@@ -1129,7 +1132,6 @@ Plan reorder_slots(Plan plan, double t, const Batch& batch, const Cluster& clust
   }
   constexpr int kBudget = 96;
   int spent = 0;
-  bool moved_any = false;
   for (bool better = true; better && spent < kBudget;) {
     better = false;
     for (std::size_t i = 0; i + 1 < n && spent < kBudget; ++i)
@@ -1237,14 +1239,9 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     std::vector<double> extra_targets, breaks;
     if (const double lb_full = std::max(bt.critical, bt.shared); lb_full > 1.02 * lb_pp) {
       for (double f : {0.9, 0.95, 1.0, 1.05, 1.1, 1.2}) extra_targets.push_back(-f * lb_full);
-      std::size_t hardest = 0;
-      for (std::size_t i = 1; i < batch.size(); ++i)
-        if (cost.work(batch.lengths[i], batch.mask(i)) > cost.work(batch.lengths[hardest], batch.mask(hardest)))
-          hardest = i;
-      GroupStats g;
-      g.add(batch.lengths[hardest], cost.eta(batch.mask(hardest)));
-      for (int d = cost.min_degree(batch.lengths[hardest], cluster); d <= cluster.num_ranks; ++d)
-        if (const double t = cost.time(g, d, cluster); t >= 0.9 * lb_full && t <= 1.2 * lb_full) breaks.push_back(-t);
+      const Seq& hard = b.hardest();
+      for (int d = hard.dmin; d <= cluster.num_ranks; ++d)
+        if (const double t = b.time1(hard, d); t >= 0.9 * lb_full && t <= 1.2 * lb_full) breaks.push_back(-t);
     }
     struct Trial {
       double score;
@@ -1277,13 +1274,12 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     };
     // target_family: kPlain, or the family of the extra target that spec comes from
     auto add = [&](const Builder::Pipe& spec, Family target_family = kPlain, bool alt = false) -> double {
-      const Family family = alt                            ? kInterleaved
-                            : target_family == kBreakpoint ? kBreakpoint
-                            : spec.tile                    ? kTiled
-                            : target_family != kPlain      ? target_family
-                            : spec.isolate                 ? kIsolated
-                            : spec.lead_frac < 0           ? kProfileLead
-                                                           : kPlain;
+      const Family family = alt                       ? kInterleaved
+                            : spec.tile               ? kTiled
+                            : target_family != kPlain ? target_family
+                            : spec.isolate            ? kIsolated
+                            : spec.lead_frac < 0      ? kProfileLead
+                                                      : kPlain;
       Plan p = b.pipelined(spec, options.pp);
       if (fixed_counts) {
         const int step = options.vpp > 1 ? options.pp : 1;
@@ -1309,6 +1305,13 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       return t;
     };
     std::vector<std::pair<double, double>> extra_trials;  // (score, mu) of the extra targets' untiled builds
+    // the rings (sequence, degree) that pipelined(target, mu) builds: all a build's target changes
+    auto ring_set = [&](double target, double mu, bool tile) {
+      std::vector<std::size_t> shorts;
+      std::vector<std::pair<std::size_t, int>> sig;
+      for (const auto& r : b.pipelined_rings(target, mu, shorts, tile)) sig.push_back({r.seq, r.d});
+      return sig;
+    };
     // Targets only change the degrees of rings that cannot reach mu: each distinct ring set is built once, with
     // rings placed by estimate and with ranks of fewer rings first (align).
     for (int k = 0; k < (lb_alt > 0 ? 2 : 1) * kMuGrid; ++k) {
@@ -1321,10 +1324,8 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
         const bool extra = i >= targets.size();
         const double target = extra ? extra_targets[i - targets.size()] : targets[i];
         for (bool tile : {false, true}) {
-          std::vector<std::size_t> shorts;
-          std::vector<std::pair<std::size_t, int>> sig;
-          for (const auto& r : b.pipelined_rings(target, mu, shorts, tile)) sig.push_back({r.seq, r.d});
-          if (!seen[tile ? 1 : 0].insert(sig).second) continue;  // tiled sets apart, so they take no plain build
+          if (!seen[tile ? 1 : 0].insert(ring_set(target, mu, tile)).second)
+            continue;  // tiled sets apart, so they take no plain build
           for (bool align : {false, true}) {
             const double t =
                 add({.target = target, .mu = mu, .align = align, .tile = tile}, extra ? kExtraTarget : kPlain, alt);
@@ -1343,10 +1344,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     for (double mu : break_mus) {
       std::set<std::vector<std::pair<std::size_t, int>>> seen;
       for (double target : breaks) {
-        std::vector<std::size_t> shorts;
-        std::vector<std::pair<std::size_t, int>> sig;
-        for (const auto& r : b.pipelined_rings(target, mu, shorts, false)) sig.push_back({r.seq, r.d});
-        if (!seen.insert(sig).second) continue;
+        if (!seen.insert(ring_set(target, mu, false)).second) continue;
         for (bool align : {false, true}) add({.target = target, .mu = mu, .align = align}, kBreakpoint);
       }
     }

@@ -10,6 +10,14 @@ namespace dynacp::solve {
 namespace {
 #include "pipeline_bound_table.inc"
 #include "pipeline_profile_table.inc"
+
+// A list of microbatch times on pp stages: pp >= 1, every time finite and >= 0.
+void check_list(const char* what, std::span<const double> times, int pp) {
+  if (pp < 1) invalid(what, ": pp must be >= 1, got ", pp);
+  for (std::size_t i = 0; i < times.size(); ++i)
+    if (!std::isfinite(times[i]) || times[i] < 0)
+      invalid(what, ": microbatch ", i, " has time ", times[i], "; need finite and >= 0");
+}
 }  // namespace
 
 std::vector<double> workload_quotas(double total, const std::vector<int>& counts, int pp, int vpp) {
@@ -57,10 +65,7 @@ std::vector<double> one_f_one_b_profile(int m, int pp) {
 }
 
 double one_f_one_b_chain_floor(std::span<const double> times, int pp) {
-  if (pp < 1) invalid("one_f_one_b_chain_floor: pp must be >= 1, got ", pp);
-  for (std::size_t i = 0; i < times.size(); ++i)
-    if (!std::isfinite(times[i]) || times[i] < 0)
-      invalid("one_f_one_b_chain_floor: microbatch ", i, " has time ", times[i], "; need finite and >= 0");
+  check_list("one_f_one_b_chain_floor", times, pp);
   // Longest path, microbatch by microbatch: its forwards from stage 0 up, then its backwards from the last stage
   // down. fwd[k] / bwd[k]: when the latest microbatch's forward / backward on stage k ends at the earliest.
   const auto P = static_cast<std::size_t>(pp);
@@ -83,10 +88,7 @@ double one_f_one_b_chain_floor(std::span<const double> times, int pp) {
 }
 
 double one_f_one_b_makespan(std::span<const double> times, int pp) {
-  if (pp < 1) invalid("one_f_one_b_makespan: pp must be >= 1, got ", pp);
-  for (std::size_t i = 0; i < times.size(); ++i)
-    if (!std::isfinite(times[i]) || times[i] < 0)
-      invalid("one_f_one_b_makespan: microbatch ", i, " has time ", times[i], "; need finite and >= 0");
+  check_list("one_f_one_b_makespan", times, pp);
   const int m = static_cast<int>(times.size());
   if (m == 0) return 0.0;
   // Stage k runs min(pp - k - 1, m) warm-up forwards, then forward/backward pairs, then the remaining backwards.
