@@ -1,9 +1,11 @@
 #include "dynacp/solve/evaluate.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <utility>
 
@@ -46,7 +48,7 @@ double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& 
 
 double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, int vpp) {
   const auto b = pipelined_bound_terms(batch, cluster, cost, pp, vpp);
-  return std::max({b.single, b.wide, b.average, b.critical, b.shared});
+  return std::max({b.single, b.wide, b.average, b.critical, b.shared, b.cover});
 }
 
 namespace {
@@ -98,6 +100,244 @@ class HideCap {
   double top_[2] = {0.0, 0.0};
 };
 
+struct SharedTerms {
+  double shared = 0.0, cover = 0.0;
+};
+
+// Least S in [lo, hi] with feasible(S), for a feasible() that grows with S and holds at hi; returns a value no
+// feasible S lies below (lo when it already holds).
+double least_feasible(double lo, double hi, const std::function<bool(double)>& feasible) {
+  if (feasible(lo)) return lo;
+  for (int it = 0; it < 32; ++it) {  // to (hi - lo) / 2^32
+    const double mid = 0.5 * (lo + hi);
+    (feasible(mid) ? hi : lo) = mid;
+  }
+  return lo;
+}
+
+// What the work beyond the hardest k sequences leaves room for at a step S (the shared term's pricing): budget = P C(S)
+// - W' (W' the other work, C(S) the most per-rank work within S; -inf when not even an empty rank finishes), and
+// loss[i][d] = the least work capacity below C(S), in all, that sequence i takes from its ranks on any degree >= d
+// that finishes within S (infinite when none does).
+struct OtherWork {
+  double budget = 0.0;
+  std::vector<std::vector<double>> loss;
+};
+
+// The cover term over the k <= kCoverUnits hardest sequences (docs/cost_model.md, "cover"). A plan puts them
+// in units (a unit: one group holding one or more of them - a set partition), each on d_u ranks with time >= T_u(d)
+// (T_u nonincreasing: the fastest time on at most d ranks). Units sharing a rank run in one order on all the ranks
+// they share (the plan's group order is acyclic, or the forwards would deadlock) and a unit's ops are joint nodes of
+// all its ranks, so along units u1 < ... < uj of that order with each two consecutive ones sharing a rank, the chain
+// of one_f_one_b_chain_floor holds: step >= chain_floor(T_u1, ..., T_uj). And units that pairwise share no rank sit
+// on disjoint rings: their degrees sum to <= P. So a step S needs a partition, an order pi and a share graph H with
+// every path of H along pi of chain floor <= S and every independent set of H of degrees summing to <= P. Each
+// unit's degree is bounded below alone (the others at their fastest times), which relaxes the search. The other
+// work must fit too: a rank of unit u runs at most C(S) - loss_u of it (the critical-sequence argument, whatever
+// else the rank runs), so the ranks of an independent set lose the sum of their losses (units of several sequences
+// are taken to lose nothing, a relaxation).
+double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp,
+                  const std::vector<std::size_t>& ids, int units, const std::function<OtherWork(double)>& other) {
+  const int k = std::min<int>(units, static_cast<int>(ids.size()));
+  const int P = cluster.num_ranks, rpn = cluster.ranks_per_node;
+  if (k < 2) return 0.0;
+  auto fastest = [&](const GroupStats& g, int d) {
+    const double t = cost.time(g, d, true, cluster);
+    return d <= rpn ? std::min(t, cost.time(g, d, false, cluster)) : t;
+  };
+  // time[d] for d = 0..P: the fastest time on at most d ranks (infinite below the least degree)
+  auto curve = [&](int members) {
+    GroupStats g;
+    for (int i = 0; i < k; ++i)
+      if (members >> i & 1) g.add(batch.lengths[ids[i]], cost.eta(batch.mask(ids[i])));
+    std::vector<double> t(static_cast<std::size_t>(P) + 1, std::numeric_limits<double>::infinity());
+    for (int d = std::max(1, cost.min_degree(g.tokens, cluster)); d <= P; ++d) t[d] = std::min(t[d - 1], fastest(g, d));
+    return t;
+  };
+  // Set partitions of the k sequences (restricted growth strings), as unit member masks.
+  std::vector<std::vector<int>> partitions;
+  std::vector<int> rgs(static_cast<std::size_t>(k), 0);
+  while (true) {
+    const int units = *std::max_element(rgs.begin(), rgs.end()) + 1;
+    std::vector<int> masks(static_cast<std::size_t>(units), 0);
+    for (int i = 0; i < k; ++i) masks[rgs[i]] |= 1 << i;
+    partitions.push_back(std::move(masks));
+    int i = k - 1;
+    for (; i > 0; --i) {
+      const int top = *std::max_element(rgs.begin(), rgs.begin() + i);
+      if (rgs[i] <= top) break;
+    }
+    if (i == 0) break;
+    ++rgs[i];
+    std::fill(rgs.begin() + i + 1, rgs.end(), 0);
+  }
+  std::vector<std::vector<double>> curves(std::size_t{1} << k);
+  for (const auto& part : partitions)
+    for (int m : part)
+      if (curves[m].empty()) curves[m] = curve(m);
+  auto least = [&](const std::vector<double>& t, double S) {  // least d with t[d] <= S, or P + 1
+    const auto it = std::partition_point(t.begin(), t.end(), [&](double x) { return x > S; });
+    return static_cast<int>(it - t.begin());
+  };
+  // S-free structure per unit count n: for each order pi and path (a unit mask of >= 2, ordered by pi), the edges
+  // it needs (edge ids of its consecutive units) and the index of its ordered unit list (shared across orders).
+  struct Shape {
+    int n = 0;
+    std::vector<int> edge;                  // [a * n + b] -> edge id
+    std::vector<std::vector<int>> need;     // [pi][path] -> edge mask (0: not a path)
+    std::vector<std::vector<int>> key;      // [pi][path] -> index of the ordered path
+    std::vector<std::vector<int>> ordered;  // [key] -> units in order
+    std::vector<int> subsets;               // unit masks of >= 2 units, fewest first
+  };
+  auto make_shape = [](int n) {
+    Shape sh;
+    sh.n = n;
+    sh.edge.assign(static_cast<std::size_t>(n * n), -1);
+    for (int a = 0, e = 0; a < n; ++a)
+      for (int b = a + 1; b < n; ++b) sh.edge[a * n + b] = sh.edge[b * n + a] = e++;
+    const int sets = 1 << n;
+    for (int c = 2; c <= n; ++c)
+      for (int I = 1; I < sets; ++I)
+        if (std::popcount(static_cast<unsigned>(I)) == c) sh.subsets.push_back(I);
+    std::vector<int> pi(static_cast<std::size_t>(n));
+    std::iota(pi.begin(), pi.end(), 0);
+    std::map<std::vector<int>, int> keys;
+    do {
+      std::vector<int> need(static_cast<std::size_t>(sets), 0), key(static_cast<std::size_t>(sets), -1);
+      for (int p : sh.subsets) {
+        std::vector<int> order;
+        for (int u : pi)
+          if (p >> u & 1) order.push_back(u);
+        for (std::size_t j = 1; j < order.size(); ++j) need[p] |= 1 << sh.edge[order[j - 1] * n + order[j]];
+        const auto [it, added] = keys.emplace(order, static_cast<int>(sh.ordered.size()));
+        if (added) sh.ordered.push_back(order);
+        key[p] = it->second;
+      }
+      sh.need.push_back(std::move(need));
+      sh.key.push_back(std::move(key));
+    } while (std::next_permutation(pi.begin(), pi.end()));
+    return sh;
+  };
+  std::vector<Shape> shapes;
+  for (int n = 1; n <= k; ++n) shapes.push_back(make_shape(n));
+  // Whether some share graph H works for one partition and order: a search that starts from no edges and, while some
+  // independent set is too wide for the pool, adds one of its pairs. Any H that works contains the current one and
+  // an edge inside that set (its degrees are no lower, so the set would still not fit), so the search misses none.
+  auto feasible = [&](double S) {
+    const OtherWork work = other(S);
+    if (!(work.budget >= 0.0)) return false;
+    std::vector<int> lo, deg, req, stack;
+    std::vector<double> best, times;
+    std::vector<char> seen;
+    for (const auto& part : partitions) {
+      const int n = static_cast<int>(part.size());
+      const Shape& sh = shapes[n - 1];
+      lo.assign(n, 0), best.assign(n, 0.0);
+      bool ok = true;
+      for (int u = 0; u < n && ok; ++u) {
+        const auto& t = curves[part[u]];
+        best[u] = t[P], lo[u] = least(t, S), ok = lo[u] <= P;
+      }
+      if (!ok) continue;
+      // For each ordered path, the least degree of each member with the others at their fastest times (P + 1: the
+      // path can never be that short), worked out when a share graph first holds that path.
+      req.assign(sh.ordered.size() * static_cast<std::size_t>(n), -1);
+      auto path_req = [&](int q) {
+        if (req[q * n] >= 0) return;
+        const auto& order = sh.ordered[q];
+        for (int u = 0; u < n; ++u) req[q * n + u] = 0;
+        times.resize(order.size());
+        for (std::size_t j = 0; j < order.size(); ++j) {
+          for (std::size_t i = 0; i < order.size(); ++i) times[i] = best[order[i]];
+          const auto& t = curves[part[order[j]]];
+          int a = lo[order[j]], b = P + 1;  // least d in [a, P] with the chain <= S, else P + 1
+          while (a < b) {
+            const int mid = (a + b) / 2;
+            times[j] = t[mid];
+            if (one_f_one_b_chain_floor(times, pp) <= S)
+              b = mid;
+            else
+              a = mid + 1;
+          }
+          req[q * n + order[j]] = a;
+        }
+      };
+      const int edges = n * (n - 1) / 2;
+      for (std::size_t o = 0; o < sh.need.size(); ++o) {
+        const auto& need = sh.need[o];
+        const auto& key = sh.key[o];
+        seen.assign(std::size_t{1} << edges, 0);
+        stack.assign(1, 0);
+        seen[0] = 1;
+        while (!stack.empty()) {
+          const int H = stack.back();
+          stack.pop_back();
+          deg = lo;
+          bool fine = true;
+          for (int p : sh.subsets)
+            if ((need[p] & H) == need[p]) {
+              path_req(key[p]);
+              for (int u = 0; u < n; ++u) deg[u] = std::max(deg[u], req[key[p] * n + u]), fine = fine && deg[u] <= P;
+            }
+          if (!fine) continue;
+          int wide = 0;  // an independent set too wide for the pool
+          for (int I : sh.subsets) {
+            bool independent = true;
+            int sum = 0;
+            for (int a = 0; a < n && independent; ++a) {
+              if (!(I >> a & 1)) continue;
+              sum += deg[a];
+              for (int b = a + 1; b < n && independent; ++b)
+                independent = !((I >> b & 1) && (H >> sh.edge[a * n + b] & 1));
+            }
+            if (independent && sum > P) {
+              wide = I;
+              break;
+            }
+          }
+          if (wide == 0) {  // the other work: an independent set whose ranks take too much of the pool
+            auto loss = [&](int u) {
+              const auto m = static_cast<unsigned>(part[u]);
+              return std::popcount(m) == 1 ? work.loss[std::countr_zero(m)][deg[u]] : 0.0;
+            };
+            bool dead = false;
+            for (int u = 0; u < n && !dead; ++u) dead = loss(u) > work.budget;
+            if (dead) continue;
+            for (int I : sh.subsets) {
+              bool independent = true;
+              double sum = 0.0;
+              for (int a = 0; a < n && independent; ++a) {
+                if (!(I >> a & 1)) continue;
+                sum += loss(a);
+                for (int b = a + 1; b < n && independent; ++b)
+                  independent = !((I >> b & 1) && (H >> sh.edge[a * n + b] & 1));
+              }
+              if (independent && sum > work.budget) {
+                wide = I;
+                break;
+              }
+            }
+          }
+          if (wide == 0) return true;
+          for (int a = 0; a < n; ++a)
+            for (int b = a + 1; b < n; ++b) {
+              const int e = 1 << sh.edge[a * n + b];
+              if (!(wide >> a & 1) || !(wide >> b & 1) || (H & e) || seen[H | e]) continue;
+              seen[H | e] = 1;
+              stack.push_back(H | e);
+            }
+        }
+      }
+    }
+    return false;
+  };
+  // All k as single units in one order on every rank meet every bound, so the chain of their fastest times holds.
+  std::vector<double> all(static_cast<std::size_t>(k));
+  double lo = 0.0;
+  for (int i = 0; i < k; ++i) all[i] = curves[1 << i][P], lo = std::max(lo, all[i]);
+  return least_feasible(lo, std::max(lo, one_f_one_b_chain_floor(all, pp)), feasible);
+}
+
 // The k hardest sequences (k = 2..kGiants, by work) either meet - two of them on one rank, as two microbatches
 // (pair_floor of their fastest times) or in one group (that group's fastest time) - or run on pairwise disjoint
 // rings. In the disjoint case a step S needs degrees d_i with T_i(d_i) <= S and sum d_i <= P, and the other work W'
@@ -107,15 +347,16 @@ class HideCap {
 // capacity by each giant's best degree separately (a relaxation, so still a bound), S is infeasible when
 //   P C(S) + sum_i max_{d_i} d_i (cap_i(d_i) - C(S)) < W'   or   sum_i (least feasible d_i) > P.
 // Feasibility grows with S, so the least feasible S is found by bisection; the term is max_k min(meet_k, that S).
-double shared_term(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, double total_work,
-                   const std::function<double(double)>& G, const HideCap& hide) {
+// Also returns the cover term (cover_term) of the hardest kCoverUnits, priced against the same other work.
+SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, double total_work,
+                        const std::function<double(double)>& G, const HideCap& hide) {
   constexpr std::size_t kGiants = 8;
   const int P = cluster.num_ranks, rpn = cluster.ranks_per_node;
   const double n = pp, c = cost.group_overhead;
   std::vector<std::size_t> ids(batch.size());
   std::iota(ids.begin(), ids.end(), std::size_t{0});
   const std::size_t k = std::min(kGiants, ids.size());
-  if (k < 2) return 0.0;
+  if (k < 2) return {};
   auto work = [&](std::size_t i) { return cost.work(batch.lengths[i], batch.mask(i)); };
   std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
                     [&](std::size_t x, std::size_t y) { return work(x) > work(y) || (work(x) == work(y) && x < y); });
@@ -132,7 +373,7 @@ double shared_term(const Batch& batch, const Cluster& cluster, const CostModel& 
     stats[i].add(batch.lengths[ids[i]], cost.eta(batch.mask(ids[i])));
     dmin[i] = cost.min_degree(batch.lengths[ids[i]], cluster);
     w[i] = work(ids[i]);
-    if (dmin[i] > P) return 0.0;  // plan() rejects the batch
+    if (dmin[i] > P) return {};  // plan() rejects the batch
     for (int d = dmin[i]; d <= P; ++d)
       time[i].push_back(fastest(stats[i], d)), best[i] = std::min(best[i], time[i].back());
   }
@@ -199,7 +440,38 @@ double shared_term(const Batch& batch, const Cluster& cluster, const CostModel& 
     }
     out = std::max(out, std::min(meet, disjoint));
   }
-  return out;
+  const std::vector<std::size_t> top(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k));
+  constexpr int kCoverUnits = 5;  // 6 raises longcontext's bounds by under 1 % at 10x the time
+  const std::size_t units = std::min<std::size_t>(k, kCoverUnits);
+  auto other = [&](double S) {  // as in fits(): the room of giant i's ranks for other work on d ranks, against C(S)
+    OtherWork o;
+    const double C = capacity(S);
+    if (C < 0) {
+      o.budget = -std::numeric_limits<double>::infinity();
+      return o;
+    }
+    const double inf = std::numeric_limits<double>::infinity();
+    double rest = total_work;
+    o.loss.assign(units, std::vector<double>(static_cast<std::size_t>(P) + 2, inf));
+    for (std::size_t i = 0; i < units; ++i) {
+      rest -= w[i];
+      for (int d = P; d >= 0; --d) {
+        double l = o.loss[i][d + 1];
+        if (d >= dmin[i]) {
+          const double t = time[i][d - dmin[i]];
+          const double E =
+              std::min(std::max(0.0, t - w[i] / d - c), hide(batch.lengths[ids[i]], batch.mask(ids[i]), d));
+          const double room = std::min(3 * n * (S - t) + E, C - (t - c - E));
+          if (t <= S && room >= 0) l = std::min(l, d * (C - room));
+        }
+        o.loss[i][d] = l;
+      }
+    }
+    o.budget = P * C - rest;
+    return o;
+  };
+  const double cover = cover_term(batch, cluster, cost, pp, top, kCoverUnits, other);
+  return {out, cover};
 }
 
 }  // namespace
@@ -207,7 +479,7 @@ double shared_term(const Batch& batch, const Cluster& cluster, const CostModel& 
 PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp,
                                           int vpp) {
   const auto t = lower_bound_terms(batch, cluster, cost);
-  if (pp <= 1) return {t.single, t.wide, t.average, 0.0, 0.0};
+  if (pp <= 1) return {t.single, t.wide, t.average, 0.0, 0.0, 0.0};
   // A microbatch crosses all stages forward and back, so the hardest sequence still takes its whole time.
   // Every microbatch takes t >= c + w_min / P (a group's time is at least its per-rank work plus c), and one
   // stage-chunk of it t / (3 pp vpp) forward and 2 t / (3 pp vpp) backward. On a rank whose microbatches take S
@@ -222,7 +494,7 @@ PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& clu
   }
   const double P = cluster.num_ranks, n = pp, v = std::max(vpp, 1), c = cost.group_overhead;
   double average = t.average / n + (n - 1) * (c + wmin / P) / (n * v);
-  double critical = 0.0, shared = 0.0;
+  double critical = 0.0, shared = 0.0, cover = 0.0;
   if (vpp <= 1 && one_f_one_b_floor(2, pp) > 1.0) {
     // Sharper for 1F1B: a rank running m microbatches of S = W_r + m c seconds in all finishes no earlier than
     // h(m, pp) S / pp (one_f_one_b_floor, the optimum over every split of S). G(W) = min_m h(m, pp) (W + m c) / pp
@@ -272,10 +544,11 @@ PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& clu
       }
       if (std::isfinite(best)) critical = std::max(critical, best);
     }
-    shared = shared_term(batch, cluster, cost, pp, std::max(0.0, t.average - c) * P, G, hide);
+    const auto st = shared_term(batch, cluster, cost, pp, std::max(0.0, t.average - c) * P, G, hide);
+    shared = st.shared, cover = st.cover;
   }
   const double wide = t.wide_work > 0 ? (t.wide_work / P + c) / n : 0.0;
-  return {t.single, wide, average, critical, shared};
+  return {t.single, wide, average, critical, shared, cover};
 }
 
 LowerBoundTerms lower_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost) {

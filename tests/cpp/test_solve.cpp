@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <random>
 
 #include "clusters.hpp"
@@ -435,6 +436,94 @@ TEST(LowerBound, HardSequencesThatMustShareRanks) {
   // With a third such sequence the pair floor still holds (it is about any two of them).
   b.lengths.push_back(18000);
   EXPECT_GE(lower_bound(b, c, cost, o), 1.25 * best - 1e-12);
+}
+
+TEST(LowerBound, RingsThatPairwiseShareRanksChain) {
+  // Three sequences that each need 5 of the 8 ranks: every two share a rank (5 + 5 > 8), so whatever order the plan
+  // gives them, the first, second and third form a chain across the ranks they share (a ring's ops are joint
+  // nodes of all its ranks), and with pp = 4 that takes >= 1.5 x their best time (the chain floor of three equal
+  // microbatches) although no rank need run all three. All three on all 8 ranks, one after another, reach it.
+  CostModel cost;
+  const Cluster c = make_cluster(8, 8, 4096, cost);
+  Batch b;
+  b.lengths = {18000, 18000, 18000};
+  ASSERT_EQ(cost.min_degree(18000, c), 5);
+  GroupStats g;
+  g.add(18000, cost.eta(Mask::Causal));
+  const double best = cost.time(g, 8, c);
+  for (int d = 5; d < 8; ++d) ASSERT_GT(cost.time(g, d, c), best);
+  const auto terms = pipelined_bound_terms(b, c, cost, 4);
+  EXPECT_NEAR(terms.cover, 1.5 * best, 1e-9 * best);
+  EXPECT_NEAR(terms.shared, 1.25 * best, 1e-12);  // the pair argument alone
+  PlanOptions o;
+  o.pp = 4;
+  EXPECT_NEAR(lower_bound(b, c, cost, o), 1.5 * best, 1e-9 * best);
+  Plan hand;
+  hand.strategy = "hand";
+  hand.num_ranks = 8;
+  const std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7};
+  hand.microbatches = {{Group{all, {0}}}, {Group{all, {1}}}, {Group{all, {2}}}};
+  hand.validate(b, c, cost);
+  EXPECT_NEAR(predict(hand, b, c, cost, o).step_time, 1.5 * best, 1e-12);
+  // Staggered rings (0-4, 3-7, and 0-2 with 5-6... any three 5-rank sets) pairwise overlap too: no better.
+  hand.microbatches = {{Group{{0, 1, 2, 3, 4}, {0}}}, {Group{{3, 4, 5, 6, 7}, {1}}}, {Group{{0, 1, 5, 6, 7}, {2}}}};
+  hand.validate(b, c, cost);
+  EXPECT_GE(predict(hand, b, c, cost, o).step_time, 1.5 * best);
+}
+
+TEST(LowerBound, NoHandPlanOfFewRingsBeatsThePipelinedBound) {
+  // Random batches of 2-5 long sequences (each needing 1-8 of 8 ranks) plus short ones; plans built by hand: every
+  // long sequence on a random contiguous ring no smaller than it needs, the short ones on single ranks, in a random
+  // global order, and random slot orders. None may beat the bound (the cover term claims a step for any such plan).
+  CostModel cost;
+  const Cluster c = make_cluster(8, 4, 4096, cost);
+  const std::int64_t cap = cost.token_capacity(c);
+  std::mt19937_64 rng(20261130);
+  PlanOptions o;
+  o.pp = 4;
+  int simulated = 0;
+  for (int inst = 0; inst < 120; ++inst) {
+    Batch b;
+    const int k = 2 + static_cast<int>(rng() % 4);
+    for (int i = 0; i < k; ++i) b.lengths.push_back(cap / 2 + static_cast<std::int64_t>(rng() % (7 * cap)));
+    const int shorts = static_cast<int>(rng() % 6);
+    for (int i = 0; i < shorts; ++i) b.lengths.push_back(64 + static_cast<std::int64_t>(rng() % (cap / 2)));
+    const double bound = lower_bound(b, c, cost, o);
+    for (int trial = 0; trial < 8; ++trial) {
+      std::vector<Group> groups;
+      for (int i = 0; i < k; ++i) {
+        const int dmin = cost.min_degree(b.lengths[i], c);
+        const int d = dmin + static_cast<int>(rng() % (9 - dmin));
+        const int first = static_cast<int>(rng() % (9 - d));
+        std::vector<int> ranks(d);
+        std::iota(ranks.begin(), ranks.end(), first);
+        groups.push_back(Group{ranks, {static_cast<std::int64_t>(i)}});
+      }
+      for (int i = k; i < k + shorts; ++i) groups.push_back(Group{{static_cast<int>(rng() % 8)}, {i}});
+      std::shuffle(groups.begin(), groups.end(), rng);
+      Plan p;
+      p.strategy = "hand";
+      p.num_ranks = 8;
+      std::vector<int> last(8, -1);
+      for (auto& gr : groups) {  // slot = one past the latest of its ranks: a global order
+        int s = 0;
+        for (int r : gr.ranks) s = std::max(s, last[r] + 1);
+        if (static_cast<int>(p.microbatches.size()) <= s) p.microbatches.resize(s + 1);
+        for (int r : gr.ranks) last[r] = s;
+        p.microbatches[s].push_back(gr);
+      }
+      p.validate(b, c, cost);
+      double step = 0.0;
+      try {
+        step = predict(p, b, c, cost, o).step_time;
+      } catch (const std::exception&) {
+        continue;  // a 1F1B dependency cycle across rings: not a runnable plan
+      }
+      ++simulated;
+      EXPECT_GE(step, bound * (1 - 1e-9)) << "instance " << inst << " trial " << trial;
+    }
+  }
+  EXPECT_GT(simulated, 200);
 }
 
 TEST(LowerBound, ShortWorkCannotHideInAWideRing) {

@@ -20,8 +20,8 @@ double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& 
 /// The lower bound with pipelines of `pp` stages and `vpp` virtual chunks (1F1B, interleaved when vpp > 1):
 /// max(single, wide / pp, (sum work / P + c) / pp + (pp - 1)(c + w_min / P) / (pp vpp)), and for vpp = 1 also the
 /// best split of the mean work into microbatches (one_f_one_b_floor) and the hardest sequence's microbatch with the
-/// other work its ranks must run, and the hardest few sequences either on disjoint rings or two meeting on a rank;
-/// equals lower_bound() for pp = 1. See docs/cost_model.md for the proofs.
+/// other work its ranks must run, the hardest few sequences either on disjoint rings or two meeting on a rank, and
+/// the chains of the hardest five along the ranks their rings share; equals lower_bound() for pp = 1. See docs/cost_model.md for the proofs.
 double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, int vpp = 1);
 
 struct PipelinedBoundTerms {
@@ -30,6 +30,7 @@ struct PipelinedBoundTerms {
   double average = 0.0;   ///< the mean work in microbatches: drain term, and for vpp = 1 the best split
   double critical = 0.0;  ///< vpp = 1: the hardest sequence's microbatch with the other work of its ranks
   double shared = 0.0;    ///< vpp = 1: the hardest sequences on disjoint rings, or two of them meeting on a rank
+  double cover = 0.0;     ///< vpp = 1: the hardest few sequences' rings, chained along the ranks they share
 };
 /// The terms of the pipelined lower_bound (which is their maximum); pp = 1 gives the plain terms, critical and shared
 /// 0.
