@@ -108,7 +108,7 @@ struct SharedTerms {
 // feasible S lies below (lo when it already holds).
 double least_feasible(double lo, double hi, const std::function<bool(double)>& feasible) {
   if (feasible(lo)) return lo;
-  for (int it = 0; it < 32; ++it) {  // to (hi - lo) / 2^32
+  for (int it = 0; it < 24; ++it) {  // to (hi - lo) / 2^24
     const double mid = 0.5 * (lo + hi);
     (feasible(mid) ? hi : lo) = mid;
   }
@@ -132,15 +132,17 @@ struct OtherWork {
 // of one_f_one_b_chain_floor holds: step >= chain_floor(T_u1, ..., T_uj). And units that pairwise share no rank sit
 // on disjoint rings: their degrees sum to <= P. So a step S needs a partition, an order pi and a share graph H with
 // every path of H along pi of chain floor <= S and every independent set of H of degrees summing to <= P. Each
-// unit's degree is bounded below alone (the others at their fastest times), which relaxes the search. The other
-// work must fit too: a rank of unit u runs at most C(S) - loss_u of it (the critical-sequence argument, whatever
-// else the rank runs), so the ranks of an independent set lose the sum of their losses (units of several sequences
-// are taken to lose nothing, a relaxation).
+// unit's degree is bounded below alone (the others at their fastest times) and above by the independent sets it is
+// in; each path is then checked at those upper degrees. The other work must fit too: a rank of unit u runs at most
+// C(S) - loss_u of it (the critical-sequence argument, whatever else the rank runs), so the ranks of an independent
+// set lose the sum of their losses (units of several sequences are taken to lose nothing, a relaxation).
 double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp,
-                  const std::vector<std::size_t>& ids, int units, const std::function<OtherWork(double)>& other) {
+                  const std::vector<std::size_t>& ids, int units, const std::function<OtherWork(double)>& other,
+                  double from) {
   const int k = std::min<int>(units, static_cast<int>(ids.size()));
   const int P = cluster.num_ranks, rpn = cluster.ranks_per_node;
   if (k < 2) return 0.0;
+  constexpr long kVisits = 20000;  // share graphs tried per step S, over all partitions and orders
   auto fastest = [&](const GroupStats& g, int d) {
     const double t = cost.time(g, d, true, cluster);
     return d <= rpn ? std::min(t, cost.time(g, d, false, cluster)) : t;
@@ -227,6 +229,9 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
     const OtherWork work = other(S);
     if (!(work.budget >= 0.0)) return false;
     std::vector<int> lo, deg, req, stack;
+    int upper[8] = {}, binding[8] = {};
+    std::vector<int> indep;
+    long visits = 0;
     std::vector<double> best, times;
     std::vector<char> seen;
     for (const auto& part : partitions) {
@@ -270,6 +275,7 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
         stack.assign(1, 0);
         seen[0] = 1;
         while (!stack.empty()) {
+          if (++visits > kVisits) return true;  // search budget spent: granted (a relaxation, still a bound)
           const int H = stack.back();
           stack.pop_back();
           deg = lo;
@@ -280,49 +286,77 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
               for (int u = 0; u < n; ++u) deg[u] = std::max(deg[u], req[key[p] * n + u]), fine = fine && deg[u] <= P;
             }
           if (!fine) continue;
-          int wide = 0;  // an independent set too wide for the pool
+          // the independent sets of H (of >= 2 units)
+          int nbr[8] = {};
+          for (int x = 0; x < n; ++x)
+            for (int y = 0; y < n; ++y)
+              if (x != y && (H >> sh.edge[x * n + y] & 1)) nbr[x] |= 1 << y;
+          indep.clear();
           for (int I : sh.subsets) {
             bool independent = true;
-            int sum = 0;
-            for (int a = 0; a < n && independent; ++a) {
-              if (!(I >> a & 1)) continue;
-              sum += deg[a];
-              for (int b = a + 1; b < n && independent; ++b)
-                independent = !((I >> b & 1) && (H >> sh.edge[a * n + b] & 1));
-            }
-            if (independent && sum > P) {
-              wide = I;
+            for (int x = 0; x < n && independent; ++x) independent = !((I >> x & 1) && (nbr[x] & I));
+            if (independent) indep.push_back(I);
+          }
+          auto sum_over = [&](int I, auto&& f) {
+            double sum = 0.0;
+            for (int x = 0; x < n; ++x)
+              if (I >> x & 1) sum += f(x);
+            return sum;
+          };
+          // Sets that any H that works must break (put an edge inside): one too wide for the pool, or whose ranks
+          // leave too little for the other work.
+          int breaks[8] = {}, nbreaks = 0;
+          for (int I : indep)
+            if (sum_over(I, [&](int x) { return static_cast<double>(deg[x]); }) > P) {
+              breaks[nbreaks++] = I;
               break;
             }
-          }
-          if (wide == 0) {  // the other work: an independent set whose ranks take too much of the pool
-            auto loss = [&](int u) {
-              const auto m = static_cast<unsigned>(part[u]);
-              return std::popcount(m) == 1 ? work.loss[std::countr_zero(m)][deg[u]] : 0.0;
-            };
+          auto loss = [&](int x) {
+            const auto m = static_cast<unsigned>(part[x]);
+            return std::popcount(m) == 1 ? work.loss[std::countr_zero(m)][deg[x]] : 0.0;
+          };
+          if (nbreaks == 0) {
             bool dead = false;
-            for (int u = 0; u < n && !dead; ++u) dead = loss(u) > work.budget;
+            for (int x = 0; x < n && !dead; ++x) dead = loss(x) > work.budget;
             if (dead) continue;
-            for (int I : sh.subsets) {
-              bool independent = true;
-              double sum = 0.0;
-              for (int a = 0; a < n && independent; ++a) {
-                if (!(I >> a & 1)) continue;
-                sum += loss(a);
-                for (int b = a + 1; b < n && independent; ++b)
-                  independent = !((I >> b & 1) && (H >> sh.edge[a * n + b] & 1));
+            for (int I : indep)
+              if (sum_over(I, loss) > work.budget) {
+                breaks[nbreaks++] = I;
+                break;
               }
-              if (independent && sum > work.budget) {
-                wide = I;
+          }
+          if (nbreaks == 0) {
+            // Jointly: a unit in an independent set I has at most P - (the others' degrees in I) ranks, so every
+            // path must also hold with its units at their fastest times on that many. Where one does not, any H
+            // that works breaks one of the sets that bind its units (else those bounds could only fall).
+            for (int x = 0; x < n; ++x) upper[x] = P, binding[x] = 0;
+            for (int I : indep)
+              for (int x = 0; x < n; ++x)
+                if (I >> x & 1) {
+                  const int most =
+                      P - static_cast<int>(sum_over(I, [&](int y) { return y == x ? 0.0 : 1.0 * deg[y]; }));
+                  if (most < upper[x]) upper[x] = most, binding[x] = I;
+                }
+            for (int q : sh.subsets) {
+              if ((need[q] & H) != need[q]) continue;
+              const auto& order = sh.ordered[key[q]];
+              times.resize(order.size());
+              for (std::size_t j = 0; j < order.size(); ++j) times[j] = curves[part[order[j]]][upper[order[j]]];
+              if (one_f_one_b_chain_floor(times, pp) > S) {
+                for (int x : order)
+                  if (binding[x] != 0) breaks[nbreaks++] = binding[x];
+                if (nbreaks == 0) nbreaks = -1;  // nothing binds: no H above this one helps
                 break;
               }
             }
+            if (nbreaks == 0) return true;
           }
-          if (wide == 0) return true;
-          for (int a = 0; a < n; ++a)
-            for (int b = a + 1; b < n; ++b) {
-              const int e = 1 << sh.edge[a * n + b];
-              if (!(wide >> a & 1) || !(wide >> b & 1) || (H & e) || seen[H | e]) continue;
+          for (int x = 0; x < n; ++x)
+            for (int y = x + 1; y < n; ++y) {
+              const int e = 1 << sh.edge[x * n + y];
+              bool inside = false;
+              for (int j = 0; j < nbreaks && !inside; ++j) inside = (breaks[j] >> x & 1) && (breaks[j] >> y & 1);
+              if (!inside || (H & e) || seen[H | e]) continue;
               seen[H | e] = 1;
               stack.push_back(H | e);
             }
@@ -335,6 +369,7 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
   std::vector<double> all(static_cast<std::size_t>(k));
   double lo = 0.0;
   for (int i = 0; i < k; ++i) all[i] = curves[1 << i][P], lo = std::max(lo, all[i]);
+  lo = std::max(lo, from);
   return least_feasible(lo, std::max(lo, one_f_one_b_chain_floor(all, pp)), feasible);
 }
 
@@ -470,7 +505,7 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
     o.budget = P * C - rest;
     return o;
   };
-  const double cover = cover_term(batch, cluster, cost, pp, top, kCoverUnits, other);
+  const double cover = cover_term(batch, cluster, cost, pp, top, kCoverUnits, other, out);
   return {out, cover};
 }
 
