@@ -100,6 +100,12 @@ class HideCap {
   double top_[2] = {0.0, 0.0};
 };
 
+// The fastest time of group g on d ranks: a ring of d <= ranks_per_node may still span nodes, so the faster layout.
+double fastest(const CostModel& cost, const Cluster& cluster, const GroupStats& g, int d) {
+  const double t = cost.time(g, d, true, cluster);
+  return d <= cluster.ranks_per_node ? std::min(t, cost.time(g, d, false, cluster)) : t;
+}
+
 struct SharedTerms {
   double shared = 0.0, cover = 0.0;
 };
@@ -140,28 +146,25 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
                   const std::vector<std::size_t>& ids, int units, const std::function<OtherWork(double)>& other,
                   double from) {
   const int k = std::min<int>(units, static_cast<int>(ids.size()));
-  const int P = cluster.num_ranks, rpn = cluster.ranks_per_node;
+  const int P = cluster.num_ranks;
   if (k < 2) return 0.0;
   constexpr long kVisits = 20000;  // share graphs tried per step S, over all partitions and orders
-  auto fastest = [&](const GroupStats& g, int d) {
-    const double t = cost.time(g, d, true, cluster);
-    return d <= rpn ? std::min(t, cost.time(g, d, false, cluster)) : t;
-  };
   // time[d] for d = 0..P: the fastest time on at most d ranks (infinite below the least degree)
   auto curve = [&](int members) {
     GroupStats g;
     for (int i = 0; i < k; ++i)
       if (members >> i & 1) g.add(batch.lengths[ids[i]], cost.eta(batch.mask(ids[i])));
     std::vector<double> t(static_cast<std::size_t>(P) + 1, std::numeric_limits<double>::infinity());
-    for (int d = std::max(1, cost.min_degree(g.tokens, cluster)); d <= P; ++d) t[d] = std::min(t[d - 1], fastest(g, d));
+    for (int d = std::max(1, cost.min_degree(g.tokens, cluster)); d <= P; ++d)
+      t[d] = std::min(t[d - 1], fastest(cost, cluster, g, d));
     return t;
   };
   // Set partitions of the k sequences (restricted growth strings), as unit member masks.
   std::vector<std::vector<int>> partitions;
   std::vector<int> rgs(static_cast<std::size_t>(k), 0);
   while (true) {
-    const int units = *std::max_element(rgs.begin(), rgs.end()) + 1;
-    std::vector<int> masks(static_cast<std::size_t>(units), 0);
+    const int count = *std::max_element(rgs.begin(), rgs.end()) + 1;
+    std::vector<int> masks(static_cast<std::size_t>(count), 0);
     for (int i = 0; i < k; ++i) masks[rgs[i]] |= 1 << i;
     partitions.push_back(std::move(masks));
     int i = k - 1;
@@ -184,7 +187,6 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
   // S-free structure per unit count n: for each order pi and path (a unit mask of >= 2, ordered by pi), the edges
   // it needs (edge ids of its consecutive units) and the index of its ordered unit list (shared across orders).
   struct Shape {
-    int n = 0;
     std::vector<int> edge;                  // [a * n + b] -> edge id
     std::vector<std::vector<int>> need;     // [pi][path] -> edge mask (0: not a path)
     std::vector<std::vector<int>> key;      // [pi][path] -> index of the ordered path
@@ -193,7 +195,6 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
   };
   auto make_shape = [](int n) {
     Shape sh;
-    sh.n = n;
     sh.edge.assign(static_cast<std::size_t>(n * n), -1);
     for (int a = 0, e = 0; a < n; ++a)
       for (int b = a + 1; b < n; ++b) sh.edge[a * n + b] = sh.edge[b * n + a] = e++;
@@ -326,6 +327,7 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
               }
           }
           if (nbreaks == 0) {
+            bool stuck = false;
             // Jointly: a unit in an independent set I has at most P - (the others' degrees in I) ranks, so every
             // path must also hold with its units at their fastest times on that many. Where one does not, any H
             // that works breaks one of the sets that bind its units (else those bounds could only fall).
@@ -343,13 +345,14 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
               times.resize(order.size());
               for (std::size_t j = 0; j < order.size(); ++j) times[j] = curves[part[order[j]]][upper[order[j]]];
               if (one_f_one_b_chain_floor(times, pp) > S) {
+                stuck = true;
                 for (int x : order)
                   if (binding[x] != 0) breaks[nbreaks++] = binding[x];
-                if (nbreaks == 0) nbreaks = -1;  // nothing binds: no H above this one helps
                 break;
               }
             }
-            if (nbreaks == 0) return true;
+            if (!stuck) return true;
+            if (nbreaks == 0) continue;  // nothing binds those units: no H above this one helps
           }
           for (int x = 0; x < n; ++x)
             for (int y = x + 1; y < n; ++y) {
@@ -386,7 +389,7 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
 SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, double total_work,
                         const std::function<double(double)>& G, const HideCap& hide) {
   constexpr std::size_t kGiants = 8;
-  const int P = cluster.num_ranks, rpn = cluster.ranks_per_node;
+  const int P = cluster.num_ranks;
   const double n = pp, c = cost.group_overhead;
   std::vector<std::size_t> ids(batch.size());
   std::iota(ids.begin(), ids.end(), std::size_t{0});
@@ -395,11 +398,6 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
   auto work = [&](std::size_t i) { return cost.work(batch.lengths[i], batch.mask(i)); };
   std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
                     [&](std::size_t x, std::size_t y) { return work(x) > work(y) || (work(x) == work(y) && x < y); });
-  // a ring of d <= rpn ranks may still span nodes, so take the faster layout
-  auto fastest = [&](const GroupStats& g, int d) {
-    const double t = cost.time(g, d, true, cluster);
-    return d <= rpn ? std::min(t, cost.time(g, d, false, cluster)) : t;
-  };
   std::vector<std::vector<double>> time(k);  // time[i][d - dmin[i]]
   std::vector<int> dmin(k);
   std::vector<double> w(k), best(k, std::numeric_limits<double>::infinity());
@@ -410,7 +408,7 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
     w[i] = work(ids[i]);
     if (dmin[i] > P) return {};  // plan() rejects the batch
     for (int d = dmin[i]; d <= P; ++d)
-      time[i].push_back(fastest(stats[i], d)), best[i] = std::min(best[i], time[i].back());
+      time[i].push_back(fastest(cost, cluster, stats[i], d)), best[i] = std::min(best[i], time[i].back());
   }
   // C(S) rounded up (an upper bound on the work a rank may run within S); < 0 when not even G(0) fits
   auto capacity = [&](double S) {
@@ -422,6 +420,12 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
       (G(mid) <= S ? lo : hi) = mid;
     }
     return hi;
+  };
+  // The most other work a rank of giant i on d ranks (time t) may run within S, C = C(S): the critical-sequence
+  // argument, E capped by HideCap; < 0 when the giant alone does not fit.
+  auto room = [&](std::size_t i, int d, double t, double S, double C) {
+    const double E = std::min(std::max(0.0, t - w[i] / d - c), hide(batch.lengths[ids[i]], batch.mask(ids[i]), d));
+    return std::min(3 * n * (S - t) + E, C - (t - c - E));
   };
   auto fits = [&](std::size_t m, double S) {  // the first m giants on disjoint rings, everything done by S
     const double C = capacity(S);
@@ -436,11 +440,10 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
         const double t = time[i][j];
         const int d = dmin[i] + static_cast<int>(j);
         if (t > S) continue;
-        const double E = std::min(std::max(0.0, t - w[i] / d - c), hide(batch.lengths[ids[i]], batch.mask(ids[i]), d));
-        const double room = std::min(3 * n * (S - t) + E, C - (t - c - E));
-        if (room < 0) continue;
+        const double r = room(i, d, t, S, C);
+        if (r < 0) continue;
         if (least == 0) least = d;
-        gain = std::max(gain, d * (room - C));
+        gain = std::max(gain, d * (r - C));
       }
       if (least == 0) return false;
       used += least, cap += gain;
@@ -454,7 +457,8 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
       meet = std::min(meet, pair_floor(best[i], best[j], pp));
       GroupStats both = stats[i];
       both.add(batch.lengths[ids[j]], cost.eta(batch.mask(ids[j])));
-      for (int d = cost.min_degree(both.tokens, cluster); d <= P; ++d) meet = std::min(meet, fastest(both, d));
+      for (int d = cost.min_degree(both.tokens, cluster); d <= P; ++d)
+        meet = std::min(meet, fastest(cost, cluster, both, d));
     }
     if (meet <= out) break;  // meet only falls with m
     double lo = 0.0;
@@ -478,7 +482,7 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
   const std::vector<std::size_t> top(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k));
   constexpr int kCoverUnits = 5;  // 6 raises longcontext's bounds by under 1 % at 10x the time
   const std::size_t units = std::min<std::size_t>(k, kCoverUnits);
-  auto other = [&](double S) {  // as in fits(): the room of giant i's ranks for other work on d ranks, against C(S)
+  auto other = [&](double S) {  // as in fits(): each giant's ranks lose C(S) - room of the pool
     OtherWork o;
     const double C = capacity(S);
     if (C < 0) {
@@ -494,10 +498,7 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
         double l = o.loss[i][d + 1];
         if (d >= dmin[i]) {
           const double t = time[i][d - dmin[i]];
-          const double E =
-              std::min(std::max(0.0, t - w[i] / d - c), hide(batch.lengths[ids[i]], batch.mask(ids[i]), d));
-          const double room = std::min(3 * n * (S - t) + E, C - (t - c - E));
-          if (t <= S && room >= 0) l = std::min(l, d * (C - room));
+          if (const double r = t <= S ? room(i, d, t, S, C) : -1.0; r >= 0) l = std::min(l, d * (C - r));
         }
         o.loss[i][d] = l;
       }

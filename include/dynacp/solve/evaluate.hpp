@@ -21,7 +21,8 @@ double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& 
 /// max(single, wide / pp, (sum work / P + c) / pp + (pp - 1)(c + w_min / P) / (pp vpp)), and for vpp = 1 also the
 /// best split of the mean work into microbatches (one_f_one_b_floor) and the hardest sequence's microbatch with the
 /// other work its ranks must run, the hardest few sequences either on disjoint rings or two meeting on a rank, and
-/// the chains of the hardest five along the ranks their rings share; equals lower_bound() for pp = 1. See docs/cost_model.md for the proofs.
+/// the chains of the hardest five along the ranks their rings share; equals lower_bound() for pp = 1. See
+/// docs/cost_model.md for the proofs.
 double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, int vpp = 1);
 
 struct PipelinedBoundTerms {
@@ -32,8 +33,8 @@ struct PipelinedBoundTerms {
   double shared = 0.0;    ///< vpp = 1: the hardest sequences on disjoint rings, or two of them meeting on a rank
   double cover = 0.0;     ///< vpp = 1: the hardest few sequences' rings, chained along the ranks they share
 };
-/// The terms of the pipelined lower_bound (which is their maximum); pp = 1 gives the plain terms, critical and shared
-/// 0.
+/// The terms of the pipelined lower_bound (which is their maximum); pp = 1 gives the plain terms, critical, shared
+/// and cover 0.
 PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp,
                                           int vpp = 1);
 
