@@ -1,16 +1,19 @@
 #include "dynacp/solve/evaluate.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
+#include <span>
 #include <utility>
 
 #include "dynacp/solve/microbatch.hpp"
 #include "dynacp/solve/placement.hpp"
+#include "dynacp/solve/small_lp.hpp"
 
 namespace dynacp::solve {
 
@@ -80,9 +83,12 @@ class HideCap {
   }
   // per-rank work that other members of s*'s ring of d ranks can hide (s* = len with mask)
   double operator()(std::int64_t len, Mask mask, int d) const {
-    if (d <= 1) return 0.0;
     const double own = cost_.eta(mask) * static_cast<double>(len);
-    const double eta_s = own >= top_[0] ? top_[1] : top_[0];  // the best other member
+    return (*this)(len, d, own >= top_[0] ? top_[1] : top_[0]);  // the best other member
+  }
+  // the same when no other member has eta s above eta_s
+  double operator()(std::int64_t len, int d, double eta_s) const {
+    if (d <= 1) return 0.0;
     const double room = std::max(0.0, d * cap_ - static_cast<double>(len)) / d;
     double per_token = -1.0;
     auto layout = [&](double bw) {
@@ -125,9 +131,11 @@ double least_feasible(double lo, double hi, const std::function<bool(double)>& f
 // - W' (W' the other work, C(S) the most per-rank work within S; -inf when not even an empty rank finishes), and
 // loss[i][d] = the least work capacity below C(S), in all, that sequence i takes from its ranks on any degree >= d
 // that finishes within S (infinite when none does).
+// For the rank-level check, C(S) and per giant i and degree d: hid[i][d] = E, the work its co-members may hide, and
+// load[i][d] = t - c - E, the work its microbatch puts on each of its ranks (infinite below its least degree).
 struct OtherWork {
-  double budget = 0.0;
-  std::vector<std::vector<double>> loss;
+  double budget = 0.0, capacity = 0.0;
+  std::vector<std::vector<double>> loss, hid, load;
 };
 
 // The cover term over the k <= kCoverUnits hardest sequences (docs/cost_model.md, "cover"). A plan puts them
@@ -144,7 +152,7 @@ struct OtherWork {
 // set lose the sum of their losses (units of several sequences are taken to lose nothing, a relaxation).
 double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp,
                   const std::vector<std::size_t>& ids, int units, const std::function<OtherWork(double)>& other,
-                  double from) {
+                  double from, const ChainRoom& fluid_room) {
   const int k = std::min<int>(units, static_cast<int>(ids.size()));
   const int P = cluster.num_ranks;
   if (k < 2) return 0.0;
@@ -226,11 +234,108 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
   // Whether some share graph H works for one partition and order: a search that starts from no edges and, while some
   // independent set is too wide for the pool, adds one of its pairs. Any H that works contains the current one and
   // an edge inside that set (its degrees are no lower, so the set would still not fit), so the search misses none.
+  // Rank by rank: a rank holding the units Q (a clique of H) runs their microbatches in the order pi, so with other
+  // work X on it, step >= chain_floor(their times) + (X - sum E) / (3 pp) (each other microbatch adds at least its
+  // stage-0 forward or backward to that chain's longest path, and work in a giant's own group hides at most its E),
+  // and X <= C(S) - sum (t - c - E): the rank loses C(S) - room of the capacity the other work needs. A giant u on
+  // d_u ranks in [deg_u, upper_u] (its rings' bounds) has some ranks to itself and shares the others, so the pool
+  // must hold, within P ranks, every unit's d_u ranks at a total loss <= the budget. An LP relaxes it: the degree
+  // range is cut into versions [d1, d2] (d_u >= d1 ranks, at most d2 of them alone, each losing no less than at the
+  // best degree in the range), a convex mix of versions per giant, and ranks shared by several units priced at
+  // their best times. Units of several sequences are left out of the rooms (a relaxation).
+  constexpr int kVersions = 4;  // degree ranges per giant in the rank LP (8 adds under 0.1 % at twice the time)
+  constexpr long kFits = 300;   // rank LPs per step S (1000 adds under 1 % at twice the time)
+  struct Version {
+    int unit, d1, d2;
+    double loss;
+  };
+  std::vector<Version> versions;
+  std::vector<std::pair<int, double>> kinds;  // shared ranks (or a unit of several sequences): unit mask, loss
+  std::vector<double> lp_a, lp_b, lp_c, chain;
+  std::map<std::vector<int>, double> rooms;  // per step S: (unit, from, to) per unit in order -> room
+  int upper[8] = {};
+  auto ranks_fit = [&](int n, const std::vector<int>& part, const std::vector<int>& deg_of, const Shape& sh,
+                       const std::vector<int>& key, const int* nbr, double S, const OtherWork& work) {
+    const double C = work.capacity;
+    // the room on a rank holding the units of `order` (single sequences only) at degrees in [from[x], upper[x]]
+    auto room = [&](const std::vector<int>& order, const int* from, const int* to) {
+      std::vector<int> id;
+      for (int x : order) id.insert(id.end(), {part[x], from[x], to[x]});
+      if (const auto it = rooms.find(id); it != rooms.end()) return it->second;
+      chain.clear();
+      double hidden = 0.0, load = 0.0;
+      for (int x : order) {
+        const auto m = static_cast<unsigned>(part[x]);
+        if (std::popcount(m) != 1) continue;
+        const int i = std::countr_zero(m);
+        chain.push_back(curves[m][to[x]]);
+        double E = 0.0, l = std::numeric_limits<double>::infinity();
+        for (int d = from[x]; d <= to[x]; ++d) E = std::max(E, work.hid[i][d]), l = std::min(l, work.load[i][d]);
+        hidden += E, load += l;
+      }
+      const double fluid = chain.empty() ? 0.0 : fluid_room(chain, S);
+      const double r = chain.empty() ? C : fluid < 0.0 ? -1.0 : std::min(fluid + hidden, C - load);
+      rooms.emplace(std::move(id), r);
+      return r;
+    };
+    versions.clear(), kinds.clear();
+    for (int x = 0; x < n; ++x) {
+      if (std::popcount(static_cast<unsigned>(part[x])) != 1) continue;
+      const int span = upper[x] - deg_of[x] + 1, cuts = std::min(kVersions, span);
+      bool any = false;
+      for (int j = 0; j < cuts; ++j) {
+        int from[8], to[8];
+        from[x] = deg_of[x] + span * j / cuts, to[x] = deg_of[x] + span * (j + 1) / cuts - 1;
+        const std::vector<int> alone{x};
+        if (const double r = room(alone, from, to); r >= 0.0)
+          versions.push_back({x, from[x], to[x], C - r}), any = true;
+      }
+      if (!any) return false;
+    }
+    for (int Q = 1; Q < (1 << n); ++Q) {
+      bool clique = true;
+      for (int x = 0; x < n && clique; ++x) clique = !(Q >> x & 1) || (Q & ~(nbr[x] | 1 << x)) == 0;
+      const bool lone = std::popcount(static_cast<unsigned>(Q)) == 1;
+      if (!clique ||
+          (lone && std::popcount(static_cast<unsigned>(part[std::countr_zero(static_cast<unsigned>(Q))])) == 1))
+        continue;
+      const std::vector<int> order =
+          lone ? std::vector<int>{std::countr_zero(static_cast<unsigned>(Q))} : sh.ordered[key[Q]];
+      if (const double r = room(order, deg_of.data(), upper); r >= 0.0) kinds.push_back({Q, C - r});
+    }
+    // The dual: max sum_{x alone} c_x + sum_{x of several} deg_x a_x - P e subject to, per shared kind Q,
+    // sum_{x in Q} a_x - e <= loss_Q; per version v of x, a_x - b_v - e <= loss_v and -d1 a_x + d2 b_v + c_x <= 0.
+    const std::size_t V = versions.size(), cols = 2 * static_cast<std::size_t>(n) + V + 1, e = cols - 1;
+    const std::size_t rows = kinds.size() + 2 * V;
+    lp_a.assign(rows * cols, 0.0), lp_b.assign(rows, 0.0), lp_c.assign(cols, 0.0);
+    for (int x = 0; x < n; ++x) {
+      if (std::popcount(static_cast<unsigned>(part[x])) == 1)
+        lp_c[static_cast<std::size_t>(n + x)] = 1.0;
+      else
+        lp_c[static_cast<std::size_t>(x)] = deg_of[x];
+    }
+    lp_c[e] = -static_cast<double>(P);
+    std::size_t r = 0;
+    for (const auto& [Q, loss] : kinds) {
+      for (int x = 0; x < n; ++x)
+        if (Q >> x & 1) lp_a[r * cols + static_cast<std::size_t>(x)] = 1.0;
+      lp_a[r * cols + e] = -1.0, lp_b[r++] = loss;
+    }
+    for (std::size_t v = 0; v < V; ++v) {
+      const auto x = static_cast<std::size_t>(versions[v].unit), bv = 2 * static_cast<std::size_t>(n) + v;
+      lp_a[r * cols + x] = 1.0, lp_a[r * cols + bv] = -1.0, lp_a[r * cols + e] = -1.0, lp_b[r++] = versions[v].loss;
+      lp_a[r * cols + x] = -versions[v].d1, lp_a[r * cols + bv] = versions[v].d2;
+      lp_a[r * cols + static_cast<std::size_t>(n) + x] = 1.0, lp_b[r++] = 0.0;
+    }
+    return small_lp_max(lp_a, lp_b, lp_c) <= work.budget + 1e-9 * (1.0 + std::abs(work.budget));
+  };
   auto feasible = [&](double S) {
     const OtherWork work = other(S);
+    rooms.clear();
+    long fits_tried = 0;  // rank LPs solved at this S: past kFits the step is granted (a relaxation, still a bound)
     if (!(work.budget >= 0.0)) return false;
     std::vector<int> lo, deg, req, stack;
-    int upper[8] = {}, binding[8] = {};
+    int binding[8] = {};
     std::vector<int> indep;
     long visits = 0;
     std::vector<double> best, times;
@@ -307,6 +412,7 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
           // Sets that any H that works must break (put an edge inside): one too wide for the pool, or whose ranks
           // leave too little for the other work.
           int breaks[8] = {}, nbreaks = 0;
+          bool grow = false;  // every H that works adds some edge to this one
           for (int I : indep)
             if (sum_over(I, [&](int x) { return static_cast<double>(deg[x]); }) > P) {
               breaks[nbreaks++] = I;
@@ -351,13 +457,22 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
                 break;
               }
             }
-            if (!stuck) return true;
-            if (nbreaks == 0) continue;  // nothing binds those units: no H above this one helps
+            if (!stuck) {
+              if (++fits_tried > kFits || ranks_fit(n, part, deg, sh, key, nbr, S, work)) return true;
+              grow = true;
+            } else if (nbreaks == 0) {
+              continue;  // nothing binds those units: no H above this one helps
+            }
           }
           for (int x = 0; x < n; ++x)
             for (int y = x + 1; y < n; ++y) {
               const int e = 1 << sh.edge[x * n + y];
               bool inside = false;
+              if (grow) {  // any pair whose chain can hold at their fastest times may be the sharing that helps
+                const auto& pair = sh.ordered[key[(1 << x) | (1 << y)]];
+                const double two[2] = {best[pair[0]], best[pair[1]]};
+                inside = one_f_one_b_chain_floor(two, pp) <= S;
+              }
               for (int j = 0; j < nbreaks && !inside; ++j) inside = (breaks[j] >> x & 1) && (breaks[j] >> y & 1);
               if (!inside || (H & e) || seen[H | e]) continue;
               seen[H | e] = 1;
@@ -379,8 +494,9 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
 // The k hardest sequences (k = 2..kGiants, by work) either meet - two of them on one rank, as two microbatches
 // (pair_floor of their fastest times) or in one group (that group's fastest time) - or run on pairwise disjoint
 // rings. In the disjoint case a step S needs degrees d_i with T_i(d_i) <= S and sum d_i <= P, and the other work W'
-// (all but theirs) must fit: giant i's ranks take at most min(3 pp (S - T_i) + E_i, C(S) - (T_i - c - E_i)) each
-// (the critical-sequence argument, E_i capped by HideCap), the other ranks at most C(S) = the most work G allows
+// (all but theirs) must fit: giant i's ranks take at most min(room(T_i, S) + E_i, C(S) - (T_i - c - E_i)) each
+// (ChainRoom, <= 3 pp (S - T_i); E_i capped by HideCap with co-members outside the first k), the other ranks at
+// most C(S) = the most work G allows
 // within S. Bounding the
 // capacity by each giant's best degree separately (a relaxation, so still a bound), S is infeasible when
 //   P C(S) + sum_i max_{d_i} d_i (cap_i(d_i) - C(S)) < W'   or   sum_i (least feasible d_i) > P.
@@ -391,6 +507,7 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
   constexpr std::size_t kGiants = 8;
   const int P = cluster.num_ranks;
   const double n = pp, c = cost.group_overhead;
+  const ChainRoom fluid_room(pp);
   std::vector<std::size_t> ids(batch.size());
   std::iota(ids.begin(), ids.end(), std::size_t{0});
   const std::size_t k = std::min(kGiants, ids.size());
@@ -398,6 +515,12 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
   auto work = [&](std::size_t i) { return cost.work(batch.lengths[i], batch.mask(i)); };
   std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
                     [&](std::size_t x, std::size_t y) { return work(x) > work(y) || (work(x) == work(y) && x < y); });
+  // member[m]: the largest eta s outside the first m giants - all a giant's co-members may be when none of the
+  // first m shares its group
+  auto eta_s = [&](std::size_t i) { return cost.eta(batch.mask(i)) * static_cast<double>(batch.lengths[i]); };
+  std::vector<double> member(k + 1, 0.0);
+  for (std::size_t j = k; j < ids.size(); ++j) member[k] = std::max(member[k], eta_s(ids[j]));
+  for (std::size_t m = k; m-- > 0;) member[m] = std::max(member[m + 1], eta_s(ids[m]));
   std::vector<std::vector<double>> time(k);  // time[i][d - dmin[i]]
   std::vector<int> dmin(k);
   std::vector<double> w(k), best(k, std::numeric_limits<double>::infinity());
@@ -423,9 +546,11 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
   };
   // The most other work a rank of giant i on d ranks (time t) may run within S, C = C(S): the critical-sequence
   // argument, E capped by HideCap; < 0 when the giant alone does not fit.
-  auto room = [&](std::size_t i, int d, double t, double S, double C) {
-    const double E = std::min(std::max(0.0, t - w[i] / d - c), hide(batch.lengths[ids[i]], batch.mask(ids[i]), d));
-    return std::min(3 * n * (S - t) + E, C - (t - c - E));
+  // (E with co-members outside the first m giants)
+  auto room = [&](std::size_t i, int d, double t, double S, double C, std::size_t m) {
+    const double E = std::min(std::max(0.0, t - w[i] / d - c), hide(batch.lengths[ids[i]], d, member[m]));
+    const double fluid = fluid_room(t, S);
+    return fluid < 0.0 ? -1.0 : std::min(fluid + E, C - (t - c - E));
   };
   auto fits = [&](std::size_t m, double S) {  // the first m giants on disjoint rings, everything done by S
     const double C = capacity(S);
@@ -440,7 +565,7 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
         const double t = time[i][j];
         const int d = dmin[i] + static_cast<int>(j);
         if (t > S) continue;
-        const double r = room(i, d, t, S, C);
+        const double r = room(i, d, t, S, C, m);
         if (r < 0) continue;
         if (least == 0) least = d;
         gain = std::max(gain, d * (r - C));
@@ -491,14 +616,22 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
     }
     const double inf = std::numeric_limits<double>::infinity();
     double rest = total_work;
+    o.capacity = C;
     o.loss.assign(units, std::vector<double>(static_cast<std::size_t>(P) + 2, inf));
+    o.hid.assign(units, std::vector<double>(static_cast<std::size_t>(P) + 1, 0.0));
+    o.load.assign(units, std::vector<double>(static_cast<std::size_t>(P) + 1, inf));
     for (std::size_t i = 0; i < units; ++i) {
       rest -= w[i];
+      for (int d = dmin[i]; d <= P; ++d) {
+        const double t = time[i][d - dmin[i]];
+        const double E = std::min(std::max(0.0, t - w[i] / d - c), hide(batch.lengths[ids[i]], d, member[units]));
+        o.hid[i][d] = E, o.load[i][d] = t - c - E;
+      }
       for (int d = P; d >= 0; --d) {
         double l = o.loss[i][d + 1];
         if (d >= dmin[i]) {
           const double t = time[i][d - dmin[i]];
-          if (const double r = t <= S ? room(i, d, t, S, C) : -1.0; r >= 0) l = std::min(l, d * (C - r));
+          if (const double r = t <= S ? room(i, d, t, S, C, units) : -1.0; r >= 0) l = std::min(l, d * (C - r));
         }
         o.loss[i][d] = l;
       }
@@ -506,7 +639,7 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
     o.budget = P * C - rest;
     return o;
   };
-  const double cover = cover_term(batch, cluster, cost, pp, top, kCoverUnits, other, out);
+  const double cover = cover_term(batch, cluster, cost, pp, top, kCoverUnits, other, out, fluid_room);
   return {out, cover};
 }
 

@@ -1,9 +1,11 @@
 #include "dynacp/solve/microbatch.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "dynacp/model/error.hpp"
+#include "dynacp/solve/small_lp.hpp"
 
 namespace dynacp::solve {
 
@@ -85,6 +87,120 @@ double one_f_one_b_chain_floor(std::span<const double> times, int pp) {
     }
   }
   return times.empty() ? 0.0 : bwd[0];
+}
+
+namespace {
+constexpr int kRoomVars = 2 * ChainRoom::kMaxGiants + 1;
+struct RoomPath {  // value = base + slope . x at the point it was built for
+  double value = 0.0, base = 0.0;
+  std::array<double, kRoomVars> slope{};
+};
+const RoomPath& longer(const RoomPath& a, const RoomPath& b) { return b.value > a.value ? b : a; }
+
+// The fluid chain floor of ChainRoom at x (x[0..j]: the fluid before giant 1 and after each giant; x[j + 1 + i]:
+// giant i's growth), with the affine form of its longest path.
+RoomPath fluid_chain(std::span<const double> t, const std::array<double, kRoomVars>& x, int pp) {
+  const auto P = static_cast<std::size_t>(pp);
+  const std::size_t last = P - 1;
+  const int j = static_cast<int>(t.size());
+  const double fs = 1.0 / (3.0 * pp), bs = 2.0 / (3.0 * pp);
+  std::vector<RoomPath> fwd(P), bwd(P);
+  auto add = [&](RoomPath p, double constant, int var, double share) {  // p + share (constant + x[var])
+    p.base += share * constant, p.value += share * constant;
+    if (var >= 0) p.slope[static_cast<std::size_t>(var)] += share, p.value += share * x[static_cast<std::size_t>(var)];
+    return p;
+  };
+  auto fluid = [&](int var) {  // a stream of x[var] crossing every stage
+    RoomPath start, end;
+    for (std::size_t k = 0; k < last; ++k) {
+      start = longer(start, fwd[k]);
+      end = longer(add(start, 0.0, var, fs), end);
+      fwd[k] = end;
+    }
+    start = longer(start, longer(fwd[last], bwd[last]));
+    end = longer(add(start, 0.0, var, 1.0 / pp), end);  // the last stage runs each bit's forward and backward
+    fwd[last] = bwd[last] = end;
+    for (std::size_t k = last; k-- > 0;) {
+      start = longer(start, bwd[k]);
+      end = longer(add(start, 0.0, var, bs), end);
+      bwd[k] = end;
+    }
+  };
+  fluid(0);
+  for (int i = 0; i < j; ++i) {
+    const int grow = j + 1 + i;
+    RoomPath ready;
+    for (std::size_t k = 0; k < P; ++k) {  // as one_f_one_b_chain_floor
+      const RoomPath& prev = k == last ? longer(fwd[k], bwd[k]) : fwd[k];
+      fwd[k] = add(longer(prev, ready), t[static_cast<std::size_t>(i)], grow, fs);
+      ready = fwd[k];
+    }
+    for (std::size_t k = P; k-- > 0;) {
+      bwd[k] = add(longer(bwd[k], ready), t[static_cast<std::size_t>(i)], grow, bs);
+      ready = bwd[k];
+    }
+    fluid(i + 1);
+  }
+  return bwd[0];
+}
+}  // namespace
+
+ChainRoom::ChainRoom(int pp) : pp_(pp) {
+  if (pp < 1) invalid("ChainRoom: pp must be >= 1, got ", pp);
+  table_.resize(kGrid + 1), optimal_.resize(kGrid + 1);
+  for (int i = 0; i <= kGrid; ++i) {
+    const double t[1] = {static_cast<double>(i) / kGrid};
+    bool optimal = false;
+    table_[static_cast<std::size_t>(i)] = exact(t, 1.0, &optimal);
+    optimal_[static_cast<std::size_t>(i)] = optimal ? 1 : 0;
+  }
+}
+
+double ChainRoom::operator()(double t, double S) const {
+  if (!(t <= S) || !(S > 0.0)) return -1.0;
+  const double tau = t / S * kGrid;
+  const auto i = static_cast<std::size_t>(std::clamp(static_cast<int>(std::floor(tau)), 0, kGrid));
+  double r = table_[i];
+  // r is concave: a chord extended beyond its two points lies above it (both solved to the optimum)
+  if (i > 0 && optimal_[i] && optimal_[i - 1])
+    r = std::min(r, r + (r - table_[i - 1]) * (tau - static_cast<double>(i)));
+  if (i + 2 <= kGrid && optimal_[i + 1] && optimal_[i + 2])
+    r = std::min(r, table_[i + 1] + (table_[i + 1] - table_[i + 2]) * (static_cast<double>(i + 1) - tau));
+  return S * std::max(0.0, r);
+}
+
+double ChainRoom::operator()(std::span<const double> t, double S) const {
+  return t.size() == 1 ? (*this)(t[0], S) : exact(t, S);
+}
+
+double ChainRoom::exact(std::span<const double> t, double S, bool* optimal) const {
+  check_list("ChainRoom", t, pp_);
+  if (t.empty() || t.size() > static_cast<std::size_t>(kMaxGiants))
+    invalid("ChainRoom: need 1 to ", kMaxGiants, " giants, got ", t.size());
+  if (optimal) *optimal = false;
+  const int vars = 2 * static_cast<int>(t.size()) + 1;
+  std::array<double, kRoomVars> x{};
+  const RoomPath zero = fluid_chain(t, x, pp_);
+  if (!(zero.value <= S)) return -1.0;
+  // every variable lengthens each path by at least its forward share on one stage: the first cut
+  const double slack = S - zero.value;
+  std::vector<double> A(static_cast<std::size_t>(vars), 1.0 / (3.0 * pp_)), b{slack},
+      c(static_cast<std::size_t>(vars), 1.0), point;
+  double room = 3.0 * pp_ * slack;
+  for (int it = 0; it < 40; ++it) {
+    const double v = small_lp_max(A, b, c, &point);
+    if (!std::isfinite(v)) break;  // keep the last bound
+    room = std::min(room, v);
+    for (int k = 0; k < vars; ++k) x[static_cast<std::size_t>(k)] = point[static_cast<std::size_t>(k)];
+    const RoomPath p = fluid_chain(t, x, pp_);
+    if (p.value <= S * (1.0 + 1e-12)) {  // the LP optimum meets S: exact
+      if (optimal) *optimal = true;
+      break;
+    }
+    for (int k = 0; k < vars; ++k) A.push_back(p.slope[static_cast<std::size_t>(k)]);
+    b.push_back(std::max(0.0, S - p.base));
+  }
+  return room;
 }
 
 double one_f_one_b_makespan(std::span<const double> times, int pp) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -16,6 +17,7 @@
 #include "dynacp/sim/pipeline.hpp"
 #include "dynacp/sim/planner.hpp"
 #include "dynacp/solve/microbatch.hpp"
+#include "dynacp/solve/small_lp.hpp"
 #include "dynacp/solve/timeline.hpp"
 #include "dynacp/solve/units.hpp"
 
@@ -671,6 +673,111 @@ TEST(Pipeline, OneFOneBChainFloorHoldsAroundAnyOtherWork) {
   EXPECT_GT(tight, 0);  // a kept-whole list often reaches it (a floor that never bites would say nothing)
 }
 
+// The small simplex: hand optima, unboundedness, bad input, and random two-variable programs against every vertex
+// (intersections of two boundary lines, axes included) that is feasible.
+TEST(Pipeline, SmallLpMatchesVertexEnumeration) {
+  std::vector<double> x;
+  // max x + y: x + 2 y <= 4, 3 x + y <= 6 -> (1.6, 1.2)
+  EXPECT_NEAR(solve::small_lp_max({1, 2, 3, 1}, {4, 6}, {1, 1}, &x), 2.8, 1e-12);
+  EXPECT_NEAR(x[0], 1.6, 1e-12);
+  EXPECT_NEAR(x[1], 1.2, 1e-12);
+  EXPECT_EQ(solve::small_lp_max({-1, 1}, {1}, {1, 0}), std::numeric_limits<double>::infinity());
+  EXPECT_DOUBLE_EQ(solve::small_lp_max({1, 1}, {3}, {-1, -2}), 0.0);  // the origin is optimal
+  EXPECT_THROW(solve::small_lp_max({1, 1}, {-1}, {1, 1}), InvalidArgument);
+  EXPECT_THROW(solve::small_lp_max({1, 1, 1}, {1}, {1, 1}), InvalidArgument);
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> u(-1.0, 2.0), pos(0.0, 3.0);
+  for (int trial = 0; trial < 500; ++trial) {
+    const int m = 1 + static_cast<int>(rng() % 5);
+    std::vector<double> A, b, c{u(rng), u(rng)};
+    for (int r = 0; r < m; ++r) A.push_back(u(rng)), A.push_back(u(rng)), b.push_back(pos(rng));
+    // boundary lines a x = b, with the axes x = 0 and y = 0
+    std::vector<std::array<double, 3>> lines{{1, 0, 0}, {0, 1, 0}};
+    for (int r = 0; r < m; ++r) lines.push_back({A[2 * r], A[2 * r + 1], b[r]});
+    auto feasible = [&](double px, double py) {
+      if (px < -1e-9 || py < -1e-9) return false;
+      for (int r = 0; r < m; ++r)
+        if (A[2 * r] * px + A[2 * r + 1] * py > b[r] + 1e-9) return false;
+      return true;
+    };
+    double best = -std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < lines.size(); ++i)
+      for (std::size_t j = i + 1; j < lines.size(); ++j) {
+        const auto& [a1, b1, c1] = lines[i];
+        const auto& [a2, b2, c2] = lines[j];
+        const double det = a1 * b2 - a2 * b1;
+        if (std::abs(det) < 1e-9) continue;
+        const double px = (c1 * b2 - c2 * b1) / det, py = (a1 * c2 - a2 * c1) / det;
+        if (feasible(px, py)) best = std::max(best, c[0] * px + c[1] * py);
+      }
+    // unbounded when some feasible ray gains: test far points along the directions that stay feasible
+    bool unbounded = false;
+    for (int k = 0; k < 360 && !unbounded; ++k) {
+      const double dx = std::cos(k * M_PI / 180), dy = std::sin(k * M_PI / 180);
+      if (dx < 0 || dy < 0 || c[0] * dx + c[1] * dy <= 1e-6) continue;
+      bool ray = true;
+      for (int r = 0; r < m && ray; ++r) ray = A[2 * r] * dx + A[2 * r + 1] * dy <= 0;
+      unbounded = ray;
+    }
+    const double got = solve::small_lp_max(A, b, c);
+    if (unbounded)
+      EXPECT_EQ(got, std::numeric_limits<double>::infinity()) << "trial " << trial;
+    else if (std::isfinite(got))
+      EXPECT_NEAR(got, best, 1e-7 * (1 + std::abs(best))) << "trial " << trial;
+  }
+}
+
+// The room beside giants: hand values (pp = 1 runs everything in series, so room = S - sum t; no giant leaves pp S,
+// the last stage's share of a fluid; a giant of time S leaves nothing), the table against the exact solve, and
+// validity against discrete lists: random other microbatches around the giants (and growth of the giants), kept
+// within S by one_f_one_b_chain_floor, never add up to more than the room.
+TEST(Pipeline, ChainRoomBoundsTheOtherWorkAroundGiants) {
+  EXPECT_NEAR(solve::ChainRoom(1)(0.3, 1.0), 0.7, 1e-9);
+  EXPECT_NEAR(solve::ChainRoom(1).exact(std::vector<double>{0.2, 0.3}, 1.0), 0.5, 1e-9);
+  for (int pp : {2, 4, 8}) {
+    const solve::ChainRoom room(pp);
+    EXPECT_NEAR(room(0.0, 1.0), pp * 1.0, 1e-9) << pp;
+    EXPECT_NEAR(room(2.0, 2.0), 0.0, 1e-9) << pp;
+    EXPECT_LT(room(2.1, 2.0), 0.0) << pp;
+    EXPECT_LE(room(0.5, 1.0), 3.0 * pp * 0.5 + 1e-9) << pp;  // the first cut
+    for (double tau = 0.0; tau <= 1.0; tau += 0.0371) {
+      bool optimal = false;
+      const double exact = room.exact(std::vector<double>{tau * 3.0}, 3.0, &optimal);
+      EXPECT_TRUE(optimal) << pp << " " << tau;
+      EXPECT_GE(room(tau * 3.0, 3.0), exact - 1e-9) << pp << " " << tau;        // the table is an upper bound
+      EXPECT_LE(room(tau * 3.0, 3.0), exact + 1e-3 * 3.0) << pp << " " << tau;  // and a close one
+    }
+  }
+  EXPECT_THROW(solve::ChainRoom(0), InvalidArgument);
+  EXPECT_THROW(solve::ChainRoom(2).exact(std::vector<double>{}, 1.0), InvalidArgument);
+  EXPECT_THROW(solve::ChainRoom(2).exact(std::vector<double>(9, 0.1), 1.0), InvalidArgument);
+  std::mt19937_64 rng(41);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  int near = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int pp = 2 + static_cast<int>(rng() % 6), j = 1 + static_cast<int>(rng() % 3);
+    std::vector<double> giants(static_cast<std::size_t>(j));
+    for (double& g : giants) g = 0.2 + 2.0 * u(rng);
+    const double S = solve::one_f_one_b_chain_floor(giants, pp) * (1.0 + 0.6 * u(rng));
+    const double room = solve::ChainRoom(pp)(giants, S);
+    // a random list: giants (some grown) in order, other microbatches in the gaps
+    std::vector<double> list;
+    double other = 0.0;
+    const double scale = 0.05 + 0.6 * u(rng);
+    for (int i = 0; i <= j; ++i) {
+      for (int k = static_cast<int>(rng() % 4); k > 0; --k) list.push_back(scale * u(rng)), other += list.back();
+      if (i < j) {
+        const double grow = rng() % 3 == 0 ? scale * u(rng) : 0.0;
+        list.push_back(giants[static_cast<std::size_t>(i)] + grow), other += grow;
+      }
+    }
+    if (solve::one_f_one_b_chain_floor(list, pp) > S) continue;
+    EXPECT_LE(other, room + 1e-9) << "trial " << trial << " pp " << pp;
+    if (other > 0.5 * room) ++near;
+  }
+  EXPECT_GT(near, 20);  // lists come close to the room: a bound far above every list would say little
+}
+
 // The tabulated optimal split sums to m (3 decimals) and reaches h(m, pp) to within the rounding; its first
 // microbatch is its lightest part of the rise. Outside the table: equal sizes.
 TEST(Pipeline, OneFOneBProfileReachesTheFloor) {
@@ -865,4 +972,3 @@ TEST(Pipeline, RingOrderPolishPassesOtherRanksRings) {
   const Plan same = solve::reorder_rings(one, solve::score(one, single, cl, cost, o1), single, cl, cost, o1);
   EXPECT_EQ(same.digest(), one.digest());
 }
-

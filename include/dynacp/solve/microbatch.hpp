@@ -49,4 +49,37 @@ double one_f_one_b_makespan(std::span<const double> times, int pp);
 /// non-finite time.
 double one_f_one_b_chain_floor(std::span<const double> times, int pp);
 
+/// The most other work a pipeline of pp stages can run within S beside "giant" microbatches of times t (in this run
+/// order), by one_f_one_b_chain_floor: the other work goes anywhere around them, as microbatches of its own (x_0
+/// before the first giant, x_i after giant i) or inside a giant's group, growing that giant's time (delta_i). Other
+/// microbatches only add ops to the chain floor's longest path, and cutting a microbatch into smaller ones never
+/// lengthens it, so the list's chain floor is at least that of the other work as a fluid: a stream crossing each
+/// stage as a flow line (a stage's stream starts once the stream reaches it and the stage is free, and ends no
+/// sooner than the stream before it ends). That floor is a maximum of path lengths affine in (x, delta), so the
+/// room, max sum x + sum delta with the floor <= S, is found by cutting planes: every LP value on the way is an
+/// upper bound, and the first LP point that meets S is the optimum. For one giant the floor is homogeneous
+/// (scaling every time scales it): room(t, S) = S r(t / S) with r nonincreasing and concave, tabulated at
+/// kGrid + 1 points and read as an upper bound (r(tau_i) for tau >= tau_i, and the chords of the neighbouring
+/// intervals extended, where their points were solved to the optimum). Never above 3 pp (S - chain_floor(t)), the first cut (each
+/// variable adds at least its forward share on one stage to every path). Returns < 0 when the giants alone exceed S.
+class ChainRoom {
+ public:
+  static constexpr int kMaxGiants = 8;
+  static constexpr int kGrid = 256;
+  /// Throws InvalidArgument on pp < 1.
+  explicit ChainRoom(int pp);
+  /// One giant of time t, from the table (an upper bound, within ~1e-3 S of the exact room).
+  double operator()(double t, double S) const;
+  /// Giants of times t in run order: the table for one, else exact(). Throws on more than kMaxGiants.
+  double operator()(std::span<const double> t, double S) const;
+  /// The room by cutting planes (the optimum, or an upper bound on it when 40 cuts do not reach it). Throws on an
+  /// empty list, more than kMaxGiants, or a negative or non-finite time.
+  double exact(std::span<const double> t, double S, bool* optimal = nullptr) const;
+
+ private:
+  int pp_;
+  std::vector<double> table_;
+  std::vector<char> optimal_;
+};
+
 }  // namespace dynacp::solve
