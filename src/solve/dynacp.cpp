@@ -1406,8 +1406,9 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     std::erase_if(candidates, [&](const Plan& p) { return !counts_ok(p, cluster.num_ranks, options); });
   if (auto best = best_of(std::move(candidates), batch, cluster, cost, options)) {
     if (options.pp <= 1) return std::move(*best);
-    const double t = score(*best, batch, cluster, cost, options);
-    return reorder_rings(std::move(*best), t, batch, cluster, cost, options);
+    double t = score(*best, batch, cluster, cost, options);
+    Plan polished = reorder_classes(std::move(*best), &t, batch, cluster, cost, options);
+    return reorder_rings(std::move(polished), t, batch, cluster, cost, options);
   }
   if (options.pp <= 1) throw Error("dynacp: no candidate plan could be scored (a bug)");
   if (Plan p = pool_slots(batch, cluster, cost, options.vpp > 1 ? options.pp : 1); !p.microbatches.empty()) return p;

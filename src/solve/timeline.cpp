@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <numeric>
 
 #include "dynacp/model/error.hpp"
@@ -166,6 +167,176 @@ Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& clust
     }
   }
   if (moved_any) plan.microbatches = layout(order);
+  return plan;
+}
+
+Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cluster, const CostModel& cost,
+                     const PlanOptions& options) {
+  std::vector<Group> groups;
+  for (const auto& slot : plan.microbatches) groups.insert(groups.end(), slot.begin(), slot.end());
+  const auto P = static_cast<std::size_t>(cluster.num_ranks);
+  std::vector<double> time(groups.size());
+  for (std::size_t i = 0; i < groups.size(); ++i)
+    time[i] = cost.time(group_stats(batch, cost, groups[i].sequences), groups[i].degree(),
+                        crosses_nodes(groups[i].ranks, cluster), cluster);
+  std::vector<std::vector<std::size_t>> lists(P);
+  for (std::size_t i = 0; i < groups.size(); ++i)
+    for (int r : groups[i].ranks) lists[static_cast<std::size_t>(r)].push_back(i);
+  auto list_time = [&](const std::vector<std::size_t>& list, const std::vector<std::size_t>& perm) {
+    std::vector<double> x;
+    for (std::size_t k : perm) x.push_back(time[list[k]]);
+    return one_f_one_b_makespan(x, options.pp);
+  };
+  // classes: (length, the rings of degree >= 3 by place) -> ranks, in rank order
+  std::map<std::vector<std::ptrdiff_t>, std::vector<std::size_t>> by_key;
+  for (std::size_t r = 0; r < P; ++r) {
+    std::vector<std::ptrdiff_t> key{static_cast<std::ptrdiff_t>(lists[r].size())};
+    for (std::size_t i : lists[r]) key.push_back(groups[i].degree() >= 3 ? static_cast<std::ptrdiff_t>(i) : -1);
+    by_key[key].push_back(r);
+  }
+  struct Class {
+    std::vector<std::size_t> ranks;
+    double worst = 0.0;
+  };
+  std::vector<Class> classes;
+  std::vector<std::size_t> identity;
+  for (auto& [key, ranks] : by_key) {
+    identity.resize(lists[ranks[0]].size());
+    std::iota(identity.begin(), identity.end(), std::size_t{0});
+    double worst = 0.0;
+    for (std::size_t r : ranks) worst = std::max(worst, list_time(lists[r], identity));
+    classes.push_back({ranks, worst});
+  }
+  std::stable_sort(classes.begin(), classes.end(), [](const Class& a, const Class& b) { return a.worst > b.worst; });
+  // one global order from per-rank lists: a group goes once it heads the lists of all its ranks (none on a cycle)
+  auto merge = [&](const std::vector<std::vector<std::size_t>>& ls) {
+    std::vector<std::size_t> at(P, 0), order;
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (std::size_t r = 0; r < P; ++r)
+        while (at[r] < ls[r].size()) {
+          const std::size_t g = ls[r][at[r]];
+          bool heads = true;
+          for (int q : groups[g].ranks) {
+            const auto Q = static_cast<std::size_t>(q);
+            heads = heads && at[Q] < ls[Q].size() && ls[Q][at[Q]] == g;
+          }
+          if (!heads) break;
+          for (int q : groups[g].ranks) ++at[static_cast<std::size_t>(q)];
+          order.push_back(g), progress = true;
+        }
+    }
+    if (order.size() != groups.size()) order.clear();
+    return order;
+  };
+  auto layout = [&](const std::vector<std::size_t>& order) {
+    std::vector<int> last(P, -1);
+    std::vector<std::vector<Group>> slots;
+    for (std::size_t i : order) {
+      int k = 0;
+      for (int r : groups[i].ranks) k = std::max(k, last[static_cast<std::size_t>(r)] + 1);
+      for (int r : groups[i].ranks) last[static_cast<std::size_t>(r)] = k;
+      if (slots.size() <= static_cast<std::size_t>(k)) slots.resize(static_cast<std::size_t>(k) + 1);
+      slots[static_cast<std::size_t>(k)].push_back(groups[i]);
+    }
+    return slots;
+  };
+  constexpr int kMoves = 200;       // list-time evaluations per class beyond full enumeration
+  constexpr std::size_t kKeep = 6;  // candidate permutations per class (by its slowest list), identity aside
+  constexpr int kBudget = 96;       // scorings
+  // Per class: candidate permutations, fastest first (the class's slowest list time; the first is the identity).
+  std::vector<std::vector<std::vector<std::size_t>>> cands(classes.size());
+  for (std::size_t ci = 0; ci < classes.size(); ++ci) {
+    const Class& c = classes[ci];
+    std::vector<std::size_t> reps;  // the class's distinct lists by time: equal ones need one evaluation
+    {
+      std::map<std::vector<double>, std::size_t> seen;
+      for (std::size_t r : c.ranks) {
+        std::vector<double> key;
+        for (std::size_t i : lists[r]) key.push_back(time[i]);
+        if (seen.emplace(key, r).second) reps.push_back(r);
+      }
+    }
+    const std::size_t n = lists[c.ranks[0]].size();
+    std::vector<std::size_t> perm(n);
+    std::iota(perm.begin(), perm.end(), std::size_t{0});
+    cands[ci].push_back(perm);
+    if (n < 2) continue;
+    auto worst = [&](const std::vector<std::size_t>& q) {
+      double w = 0.0;
+      for (std::size_t r : reps) w = std::max(w, list_time(lists[r], q));
+      return w;
+    };
+    const double start = worst(perm);
+    std::vector<std::pair<double, std::vector<std::size_t>>> kept;  // the best kKeep below start, by (time, perm)
+    auto offer = [&](double w, const std::vector<std::size_t>& q) {
+      if (w >= start - 1e-12) return;
+      kept.emplace_back(w, q);
+      std::stable_sort(kept.begin(), kept.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+      if (kept.size() > kKeep) kept.pop_back();
+    };
+    if (n <= 7) {
+      while (std::next_permutation(perm.begin(), perm.end())) offer(worst(perm), perm);
+    } else {
+      std::vector<std::size_t> base = perm;
+      double best = start;
+      int spent = 0;
+      for (bool better = true; better && spent < kMoves;) {
+        better = false;
+        for (std::size_t a = 0; a < n && !better && spent < kMoves; ++a)
+          for (std::size_t b = 0; b < n && !better && spent < kMoves; ++b) {
+            if (a == b) continue;
+            std::vector<std::size_t> trial = base;
+            const std::size_t x = trial[a];
+            trial.erase(trial.begin() + static_cast<std::ptrdiff_t>(a));
+            trial.insert(trial.begin() + static_cast<std::ptrdiff_t>(b), x);
+            ++spent;
+            if (const double w = worst(trial); w < best - 1e-12) best = w, base = std::move(trial), better = true;
+          }
+      }
+      offer(best, base);
+    }
+    for (auto& [w, q] : kept) cands[ci].push_back(std::move(q));
+  }
+  // Scores the plan with class ci at candidate pick[ci]; keeps it when it lowers *t.
+  std::vector<std::size_t> pick(classes.size(), 0);
+  int spent = 0;
+  auto attempt = [&](const std::vector<std::size_t>& choice) {
+    auto next = lists;
+    for (std::size_t ci = 0; ci < classes.size(); ++ci)
+      for (std::size_t r : classes[ci].ranks) {
+        std::vector<std::size_t> moved;
+        for (std::size_t k : cands[ci][choice[ci]]) moved.push_back(lists[r][k]);
+        next[r] = std::move(moved);
+      }
+    const std::vector<std::size_t> order = merge(next);
+    if (order.empty()) return false;
+    ++spent;
+    Plan trial;
+    trial.strategy = plan.strategy, trial.num_ranks = plan.num_ranks, trial.microbatches = layout(order);
+    if (const double s = score(trial, batch, cluster, cost, options); s < *t - 1e-12) {
+      *t = s, pick = choice, plan.microbatches = std::move(trial.microbatches);
+      return true;
+    }
+    return false;
+  };
+  // every class at its best list time at once (rings shared across classes then move together), then one class
+  // at a time through its candidates
+  {
+    std::vector<std::size_t> all(classes.size(), 0);
+    for (std::size_t ci = 0; ci < classes.size(); ++ci) all[ci] = cands[ci].size() > 1 ? 1 : 0;
+    if (all != pick) attempt(all);
+  }
+  for (bool better = true; better && spent < kBudget;) {
+    better = false;
+    for (std::size_t ci = 0; ci < classes.size() && spent < kBudget; ++ci)
+      for (std::size_t k = 0; k < cands[ci].size() && spent < kBudget; ++k) {
+        if (k == pick[ci]) continue;
+        std::vector<std::size_t> choice = pick;
+        choice[ci] = k;
+        better = attempt(choice) || better;
+      }
+  }
   return plan;
 }
 

@@ -922,6 +922,57 @@ TEST(Pipeline, ProfileUnits) {
 // Two half-pool rings share a slot, then the private microbatches, then a full-pool ring. No order of the three
 // slots is as fast as letting ranks 0-1 run their ring after the full-pool one while ranks 2-3 keep theirs first,
 // which only a move of one ring past the other half's (reorder_rings) reaches. Every rank keeps its groups.
+// Rank classes (same list length, same wide rings by place) take one permutation each: two pairs of ranks, each
+// with a ring of its own and two one-rank groups, start in the worst slot order; the polish reaches the best of all
+// slot orders (a symmetric case, where that is the best per-class order), keeps every rank's groups, and leaves a
+// plan it cannot better (one group per rank) as it was.
+TEST(Pipeline, ClassOrderPolishReachesTheBestOrder) {
+  CostModel cost;
+  const Cluster cl = make_cluster(4, 4, 65536, cost);
+  Batch b;
+  b.lengths = {60000, 60000, 3000, 3000, 3000, 3000, 14000, 14000, 14000, 14000};
+  const std::vector<std::vector<Group>> slots = {{Group{{0, 1}, {0}}, Group{{2, 3}, {1}}},
+                                                 {Group{{0}, {2}}, Group{{1}, {3}}, Group{{2}, {4}}, Group{{3}, {5}}},
+                                                 {Group{{0}, {6}}, Group{{1}, {7}}, Group{{2}, {8}}, Group{{3}, {9}}}};
+  PlanOptions plain;
+  plain.pp = 4;
+  PlanOptions o = plain;
+  o.score = [&](const Plan& p) { return predict(p, b, cl, cost, plain).step_time; };
+  Plan start;  // the worst slot order
+  double t = 0.0, best = std::numeric_limits<double>::infinity();
+  std::vector<int> perm = {0, 1, 2};
+  do {
+    Plan p;
+    p.strategy = "hand", p.num_ranks = 4;
+    for (int k : perm) p.microbatches.push_back(slots[static_cast<std::size_t>(k)]);
+    const double s = solve::score(p, b, cl, cost, o);
+    best = std::min(best, s);
+    if (s > t) t = s, start = p;
+  } while (std::next_permutation(perm.begin(), perm.end()));
+  ASSERT_LT(best, t * 0.99);
+  const Plan polished = solve::reorder_classes(start, &t, b, cl, cost, o);
+  polished.validate(b, cl, cost);
+  EXPECT_NEAR(t, best, 1e-12);
+  EXPECT_NEAR(solve::score(polished, b, cl, cost, o), t, 1e-12);
+  EXPECT_EQ(polished.microbatch_counts(4), start.microbatch_counts(4));
+  for (int r = 0; r < 4; ++r) {
+    auto seqs_of = [r](const Plan& p) {
+      std::vector<std::int64_t> out;
+      for (const auto& slot : p.microbatches)
+        for (const auto& g : slot)
+          if (std::find(g.ranks.begin(), g.ranks.end(), r) != g.ranks.end())
+            out.insert(out.end(), g.sequences.begin(), g.sequences.end());
+      std::sort(out.begin(), out.end());
+      return out;
+    };
+    EXPECT_EQ(seqs_of(polished), seqs_of(start)) << "rank " << r;
+  }
+  Plan one;
+  one.strategy = "hand", one.num_ranks = 4, one.microbatches = {slots[1]};
+  double t1 = solve::score(one, b, cl, cost, o);
+  EXPECT_EQ(solve::reorder_classes(one, &t1, b, cl, cost, o).digest(), one.digest());
+}
+
 TEST(Pipeline, RingOrderPolishPassesOtherRanksRings) {
   CostModel cost;
   const Cluster cl = make_cluster(4, 4, 65536, cost);
