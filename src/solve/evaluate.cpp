@@ -244,7 +244,7 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
   // best degree in the range), a convex mix of versions per giant, and ranks shared by several units priced at
   // their best times. Units of several sequences are left out of the rooms (a relaxation).
   constexpr int kVersions = 4;  // degree ranges per giant in the rank LP (8 adds under 0.1 % at twice the time)
-  constexpr long kFits = 300;   // distinct rank LPs solved per step S (the 12 benchmark batches need fewer)
+  constexpr long kFits = 100;   // distinct rank LPs solved per step S (the 12 benchmark batches need fewer)
   struct Version {
     int unit, d1, d2;
     double loss;
@@ -304,6 +304,22 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
       const std::vector<int> order =
           lone ? std::vector<int>{std::countr_zero(static_cast<unsigned>(Q))} : sh.ordered[key[Q]];
       if (const double r = room(order, deg_of.data(), upper); r >= 0.0) kinds.push_back({Q, C - r});
+    }
+    // A primal point first: every unit on ranks of its own, each giant at its cheapest version's least count (no
+    // shared ranks); if that fits, so does the LP.
+    {
+      double ranks = 0.0, loss = 0.0;
+      for (int x = 0; x < n; ++x) {
+        if (std::popcount(static_cast<unsigned>(part[x])) != 1) {
+          ranks += deg_of[x];
+          continue;
+        }
+        double least = std::numeric_limits<double>::infinity(), d = 0.0;
+        for (const Version& v : versions)
+          if (v.unit == x && v.d1 * v.loss < least) least = v.d1 * v.loss, d = v.d1;
+        ranks += d, loss += least;
+      }
+      if (ranks <= P && loss <= work.budget) return true;
     }
     // The dual: max sum_{x alone} c_x + sum_{x of several} deg_x a_x - P e subject to, per shared kind Q,
     // sum_{x in Q} a_x - e <= loss_Q; per version v of x, a_x - b_v - e <= loss_v and -d1 a_x + d2 b_v + c_x <= 0.

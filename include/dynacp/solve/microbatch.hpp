@@ -59,9 +59,11 @@ double one_f_one_b_chain_floor(std::span<const double> times, int pp);
 /// room, max sum x + sum delta with the floor <= S, is found by cutting planes: every LP value on the way is an
 /// upper bound, and the first LP point that meets S is the optimum. For one giant the floor is homogeneous
 /// (scaling every time scales it): room(t, S) = S r(t / S) with r nonincreasing and concave, tabulated at
-/// kGrid + 1 points and read as an upper bound (r(tau_i) for tau >= tau_i, and the chords of the neighbouring
-/// intervals extended, where their points were solved to the optimum). Never above 3 pp (S - chain_floor(t)), the first cut (each
-/// variable adds at least its forward share on one stage to every path). Returns < 0 when the giants alone exceed S.
+/// kGrid + 1 points (each solved on first use, so one object is not for concurrent use) and read as an upper bound
+/// (r(tau_i) for tau >= tau_i, and the chords of the neighbouring
+/// intervals extended, where their points were solved to the optimum). Never above 3 pp (S - chain_floor(t)), the first
+/// cut (each variable adds at least its forward share on one stage to every path). Returns < 0 when the giants alone
+/// exceed S.
 class ChainRoom {
  public:
   static constexpr int kMaxGiants = 8;
@@ -77,9 +79,10 @@ class ChainRoom {
   double exact(std::span<const double> t, double S, bool* optimal = nullptr) const;
 
  private:
+  double at(std::size_t i) const;
   int pp_;
-  std::vector<double> table_;
-  std::vector<char> optimal_;
+  mutable std::vector<double> table_;
+  mutable std::vector<char> optimal_;
 };
 
 }  // namespace dynacp::solve
