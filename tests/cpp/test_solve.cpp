@@ -454,7 +454,7 @@ TEST(LowerBound, RingsThatPairwiseShareRanksChain) {
   for (int d = 5; d < 8; ++d) ASSERT_GT(cost.time(g, d, c), best);
   const auto terms = pipelined_bound_terms(b, c, cost, 4);
   EXPECT_NEAR(terms.cover, 1.5 * best, 1e-7 * best);  // a bisection to 2^-24 of its range
-  EXPECT_NEAR(terms.shared, 1.25 * best, 1e-12);  // the pair argument alone
+  EXPECT_NEAR(terms.shared, 1.25 * best, 1e-12);      // the pair argument alone
   PlanOptions o;
   o.pp = 4;
   EXPECT_NEAR(lower_bound(b, c, cost, o), 1.5 * best, 1e-7 * best);
