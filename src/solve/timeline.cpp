@@ -62,27 +62,40 @@ std::optional<Plan> best_of(std::vector<Plan> candidates, const Batch& batch, co
   return std::move(candidates[best]);
 }
 
-Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& cluster, const CostModel& cost,
-                   const PlanOptions& options) {
-  std::vector<Group> groups;
-  for (const auto& slot : plan.microbatches) groups.insert(groups.end(), slot.begin(), slot.end());
+namespace {
+// A global order of groups laid out again as early as each rank allows: a group's slot is one past its ranks' last.
+std::vector<std::vector<Group>> lay_out(const std::vector<Group>& groups, const std::vector<std::size_t>& order,
+                                        std::size_t P) {
+  std::vector<int> last(P, -1);
+  std::vector<std::vector<Group>> slots;
+  for (std::size_t i : order) {
+    int k = 0;
+    for (int r : groups[i].ranks) k = std::max(k, last[static_cast<std::size_t>(r)] + 1);
+    for (int r : groups[i].ranks) last[static_cast<std::size_t>(r)] = k;
+    if (slots.size() <= static_cast<std::size_t>(k)) slots.resize(static_cast<std::size_t>(k) + 1);
+    slots[static_cast<std::size_t>(k)].push_back(groups[i]);
+  }
+  return slots;
+}
+
+// Each group's time on its ranks.
+std::vector<double> group_times(const std::vector<Group>& groups, const Batch& batch, const Cluster& cluster,
+                                const CostModel& cost) {
   std::vector<double> time(groups.size());
   for (std::size_t i = 0; i < groups.size(); ++i)
     time[i] = cost.time(group_stats(batch, cost, groups[i].sequences), groups[i].degree(),
                         crosses_nodes(groups[i].ranks, cluster), cluster);
+  return time;
+}
+}  // namespace
+
+Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& cluster, const CostModel& cost,
+                   const PlanOptions& options) {
+  std::vector<Group> groups;
+  for (const auto& slot : plan.microbatches) groups.insert(groups.end(), slot.begin(), slot.end());
+  const std::vector<double> time = group_times(groups, batch, cluster, cost);
   const auto P = static_cast<std::size_t>(cluster.num_ranks);
-  auto layout = [&](const std::vector<std::size_t>& order) {
-    std::vector<int> last(P, -1);
-    std::vector<std::vector<Group>> slots;
-    for (std::size_t i : order) {
-      int k = 0;
-      for (int r : groups[i].ranks) k = std::max(k, last[static_cast<std::size_t>(r)] + 1);
-      for (int r : groups[i].ranks) last[static_cast<std::size_t>(r)] = k;
-      if (slots.size() <= static_cast<std::size_t>(k)) slots.resize(static_cast<std::size_t>(k) + 1);
-      slots[static_cast<std::size_t>(k)].push_back(groups[i]);
-    }
-    return slots;
-  };
+  auto layout = [&](const std::vector<std::size_t>& order) { return lay_out(groups, order, P); };
   auto rank_lists = [&](const std::vector<std::size_t>& order) {  // each rank's groups, in one pass
     std::vector<std::vector<std::size_t>> out(P);
     for (std::size_t i : order)
@@ -175,10 +188,7 @@ Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cl
   std::vector<Group> groups;
   for (const auto& slot : plan.microbatches) groups.insert(groups.end(), slot.begin(), slot.end());
   const auto P = static_cast<std::size_t>(cluster.num_ranks);
-  std::vector<double> time(groups.size());
-  for (std::size_t i = 0; i < groups.size(); ++i)
-    time[i] = cost.time(group_stats(batch, cost, groups[i].sequences), groups[i].degree(),
-                        crosses_nodes(groups[i].ranks, cluster), cluster);
+  const std::vector<double> time = group_times(groups, batch, cluster, cost);
   std::vector<std::vector<std::size_t>> lists(P);
   for (std::size_t i = 0; i < groups.size(); ++i)
     for (int r : groups[i].ranks) lists[static_cast<std::size_t>(r)].push_back(i);
@@ -229,18 +239,7 @@ Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cl
     if (order.size() != groups.size()) order.clear();
     return order;
   };
-  auto layout = [&](const std::vector<std::size_t>& order) {
-    std::vector<int> last(P, -1);
-    std::vector<std::vector<Group>> slots;
-    for (std::size_t i : order) {
-      int k = 0;
-      for (int r : groups[i].ranks) k = std::max(k, last[static_cast<std::size_t>(r)] + 1);
-      for (int r : groups[i].ranks) last[static_cast<std::size_t>(r)] = k;
-      if (slots.size() <= static_cast<std::size_t>(k)) slots.resize(static_cast<std::size_t>(k) + 1);
-      slots[static_cast<std::size_t>(k)].push_back(groups[i]);
-    }
-    return slots;
-  };
+  auto layout = [&](const std::vector<std::size_t>& order) { return lay_out(groups, order, P); };
   constexpr int kMoves = 200;       // list-time evaluations per class beyond full enumeration
   constexpr std::size_t kKeep = 6;  // candidate permutations per class (by its slowest list), identity aside
   constexpr int kBudget = 96;       // scorings

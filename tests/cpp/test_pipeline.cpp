@@ -28,6 +28,17 @@ namespace {
 
 constexpr double kRel = 1e-9;
 
+// The sequences rank r runs in a plan, sorted.
+std::vector<std::int64_t> sequences_on(const Plan& p, int r) {
+  std::vector<std::int64_t> out;
+  for (const auto& slot : p.microbatches)
+    for (const auto& g : slot)
+      if (std::find(g.ranks.begin(), g.ranks.end(), r) != g.ranks.end())
+        out.insert(out.end(), g.sequences.begin(), g.sequences.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 void expect_rel(double got, double want, const std::string& what) {
   const double scale = std::max(std::abs(want), 1e-300);
   EXPECT_LE(std::abs(got - want) / scale, kRel) << what << ": got " << got << " want " << want;
@@ -958,16 +969,7 @@ TEST(Pipeline, ClassOrderPolishReachesTheBestOrder) {
   EXPECT_NEAR(solve::score(polished, b, cl, cost, o), t, 1e-12);
   EXPECT_EQ(polished.microbatch_counts(4), start.microbatch_counts(4));
   for (int r = 0; r < 4; ++r) {
-    auto seqs_of = [r](const Plan& p) {
-      std::vector<std::int64_t> out;
-      for (const auto& slot : p.microbatches)
-        for (const auto& g : slot)
-          if (std::find(g.ranks.begin(), g.ranks.end(), r) != g.ranks.end())
-            out.insert(out.end(), g.sequences.begin(), g.sequences.end());
-      std::sort(out.begin(), out.end());
-      return out;
-    };
-    EXPECT_EQ(seqs_of(polished), seqs_of(start)) << "rank " << r;
+    EXPECT_EQ(sequences_on(polished, r), sequences_on(start, r)) << "rank " << r;
   }
   Plan one;
   one.strategy = "hand", one.num_ranks = 4, one.microbatches = {slots[1]};
@@ -1003,16 +1005,7 @@ TEST(Pipeline, RingOrderPolishPassesOtherRanksRings) {
   EXPECT_LT(t, best_t * 0.99);  // 1.0979 s against 1.1611 s for the best slot order
   EXPECT_EQ(polished.microbatch_counts(4), best.microbatch_counts(4));
   for (int r = 0; r < 4; ++r) {
-    auto seqs_of = [r](const Plan& p) {
-      std::vector<std::int64_t> out;
-      for (const auto& slot : p.microbatches)
-        for (const auto& g : slot)
-          if (std::find(g.ranks.begin(), g.ranks.end(), r) != g.ranks.end())
-            out.insert(out.end(), g.sequences.begin(), g.sequences.end());
-      std::sort(out.begin(), out.end());
-      return out;
-    };
-    EXPECT_EQ(seqs_of(polished), seqs_of(best)) << "rank " << r;
+    EXPECT_EQ(sequences_on(polished, r), sequences_on(best, r)) << "rank " << r;
   }
   // nothing to move: one slot comes back as it was
   Plan one;
