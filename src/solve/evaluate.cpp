@@ -234,15 +234,16 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
   // Whether some share graph H works for one partition and order: a search that starts from no edges and, while some
   // independent set is too wide for the pool, adds one of its pairs. Any H that works contains the current one and
   // an edge inside that set (its degrees are no lower, so the set would still not fit), so the search misses none.
-  // Rank by rank: a rank holding the units Q (a clique of H) runs their microbatches in the order pi, so with other
-  // work X on it, step >= chain_floor(their times) + (X - sum E) / (3 pp) (each other microbatch adds at least its
-  // stage-0 forward or backward to that chain's longest path, and work in a giant's own group hides at most its E),
-  // and X <= C(S) - sum (t - c - E): the rank loses C(S) - room of the capacity the other work needs. A giant u on
+  // Rank by rank: a rank holding the units Q (a clique of H) runs their microbatches in the order pi, so the other
+  // work X on it obeys X - sum E <= ChainRoom(their times, S) (what fits beside them by the chain floor; work in a
+  // giant's own group hides at most its E) and X <= C(S) - sum (t - c - E): the rank loses C(S) - room of the
+  // capacity the other work needs. A giant u on
   // d_u ranks in [deg_u, upper_u] (its rings' bounds) has some ranks to itself and shares the others, so the pool
   // must hold, within P ranks, every unit's d_u ranks at a total loss <= the budget. An LP relaxes it: the degree
   // range is cut into versions [d1, d2] (d_u >= d1 ranks, at most d2 of them alone, each losing no less than at the
   // best degree in the range), a convex mix of versions per giant, and ranks shared by several units priced at
-  // their best times. Units of several sequences are left out of the rooms (a relaxation).
+  // their best times. Units of several sequences are left out of the rooms (a relaxation). Where the LP fails, any
+  // H that works shares more, so the search adds each pair that can chain within S at its best times.
   constexpr int kVersions = 4;  // degree ranges per giant in the rank LP (8 adds under 0.1 % at twice the time)
   constexpr long kFits = 100;   // distinct rank LPs solved per step S (the 12 benchmark batches need fewer)
   struct Version {
