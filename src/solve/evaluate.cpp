@@ -130,12 +130,16 @@ double least_feasible(double lo, double hi, const std::function<bool(double)>& f
 // What the work beyond the hardest k sequences leaves room for at a step S (the shared term's pricing): budget = P C(S)
 // - W' (W' the other work, C(S) the most per-rank work within S; -inf when not even an empty rank finishes), and
 // loss[i][d] = the least work capacity below C(S), in all, that sequence i takes from its ranks on any degree >= d
-// that finishes within S (infinite when none does).
-// For the rank-level check, C(S) and per giant i and degree d: hid[i][d] = E, the work its co-members may hide, and
-// load[i][d] = t - c - E, the work its microbatch puts on each of its ranks (infinite below its least degree).
+// that finishes within S (infinite when none does); and C(S) itself, for the rank-level check.
 struct OtherWork {
   double budget = 0.0, capacity = 0.0;
-  std::vector<std::vector<double>> loss, hid, load;
+  std::vector<std::vector<double>> loss;
+};
+
+// Per cover sequence i and degree d, whatever the step: hid[i][d] = E, the work its co-members may hide, and
+// load[i][d] = t - c - E, the work its microbatch puts on each of its ranks (infinite below its least degree).
+struct GiantShares {
+  std::vector<std::vector<double>> hid, load;
 };
 
 // The cover term over the k <= kCoverUnits hardest sequences (docs/cost_model.md, "cover"). A plan puts them
@@ -152,7 +156,7 @@ struct OtherWork {
 // set lose the sum of their losses (units of several sequences are taken to lose nothing, a relaxation).
 double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp,
                   const std::vector<std::size_t>& ids, int units, const std::function<OtherWork(double)>& other,
-                  double from, const ChainRoom& fluid_room) {
+                  double from, const ChainRoom& fluid_room, const GiantShares& shares) {
   const int k = std::min<int>(units, static_cast<int>(ids.size()));
   const int P = cluster.num_ranks;
   if (k < 2) return 0.0;
@@ -254,7 +258,7 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
   std::vector<std::pair<int, double>> kinds;  // shared ranks (or a unit of several sequences): unit mask, loss
   std::vector<double> lp_a, lp_b, lp_c, chain;
   std::map<std::vector<int>, double> rooms;     // per step S: (unit, from, to) per unit in order -> room
-  std::map<std::vector<double>, bool> answers;  // per step S: LP data -> fits
+  std::map<std::vector<double>, bool> answers;  // per step S: the LP's data -> fits
   long solved = 0;                              // LPs solved at this S
   int upper[8] = {};
   auto ranks_fit = [&](int n, const std::vector<int>& part, const std::vector<int>& deg_of, const Shape& sh,
@@ -273,7 +277,7 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
         const int i = std::countr_zero(m);
         chain.push_back(curves[m][to[x]]);
         double E = 0.0, l = std::numeric_limits<double>::infinity();
-        for (int d = from[x]; d <= to[x]; ++d) E = std::max(E, work.hid[i][d]), l = std::min(l, work.load[i][d]);
+        for (int d = from[x]; d <= to[x]; ++d) E = std::max(E, shares.hid[i][d]), l = std::min(l, shares.load[i][d]);
         hidden += E, load += l;
       }
       const double fluid = chain.empty() ? 0.0 : fluid_room(chain, S);
@@ -322,6 +326,15 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
       }
       if (ranks <= P && loss <= work.budget) return true;
     }
+    // The LP is all in the kinds, the versions and which units are single sequences (else their degrees): a repeat
+    // (another order or share graph giving the same ones) is answered at once.
+    std::vector<double> id{static_cast<double>(n)};
+    for (const auto& [Q, loss] : kinds) id.insert(id.end(), {static_cast<double>(Q), loss});
+    id.push_back(-1.0);
+    for (const Version& v : versions) id.insert(id.end(), {1.0 * v.unit, 1.0 * v.d1, 1.0 * v.d2, v.loss});
+    for (int x = 0; x < n; ++x) id.push_back(std::popcount(static_cast<unsigned>(part[x])) == 1 ? -1.0 : deg_of[x]);
+    if (const auto it = answers.find(id); it != answers.end()) return it->second;
+    if (++solved > kFits) return true;  // past the budget the step is granted (a relaxation, still a bound)
     // The dual: max sum_{x alone} c_x + sum_{x of several} deg_x a_x - P e subject to, per shared kind Q,
     // sum_{x in Q} a_x - e <= loss_Q; per version v of x, a_x - b_v - e <= loss_v and -d1 a_x + d2 b_v + c_x <= 0.
     const std::size_t V = versions.size(), cols = 2 * static_cast<std::size_t>(n) + V + 1, e = cols - 1;
@@ -346,13 +359,6 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
       lp_a[r * cols + x] = -versions[v].d1, lp_a[r * cols + bv] = versions[v].d2;
       lp_a[r * cols + static_cast<std::size_t>(n) + x] = 1.0, lp_b[r++] = 0.0;
     }
-    // the LP is all its data: a repeat (another order or share graph giving the same kinds) is answered at once
-    std::vector<double> id(lp_b);
-    id.insert(id.end(), lp_c.begin(), lp_c.end());
-    id.insert(id.end(), lp_a.begin(), lp_a.end());
-    id.push_back(static_cast<double>(rows));
-    if (const auto it = answers.find(id); it != answers.end()) return it->second;
-    if (++solved > kFits) return true;  // past the budget the step is granted (a relaxation, still a bound)
     const bool fit = small_lp_max(lp_a, lp_b, lp_c) <= work.budget + 1e-9 * (1.0 + std::abs(work.budget));
     answers.emplace(std::move(id), fit);
     return fit;
@@ -572,11 +578,14 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
     }
     return hi;
   };
+  // The work giant i's co-members on d ranks (time t) may hide, with co-members outside the first m giants.
+  auto hidden = [&](std::size_t i, int d, double t, std::size_t m) {
+    return std::min(std::max(0.0, t - w[i] / d - c), hide(batch.lengths[ids[i]], d, member[m]));
+  };
   // The most other work a rank of giant i on d ranks (time t) may run within S, C = C(S): the critical-sequence
   // argument, E capped by HideCap; < 0 when the giant alone does not fit.
-  // (E with co-members outside the first m giants)
   auto room = [&](std::size_t i, int d, double t, double S, double C, std::size_t m) {
-    const double E = std::min(std::max(0.0, t - w[i] / d - c), hide(batch.lengths[ids[i]], d, member[m]));
+    const double E = hidden(i, d, t, m);
     const double fluid = fluid_room(t, S);
     return fluid < 0.0 ? -1.0 : std::min(fluid + E, C - (t - c - E));
   };
@@ -635,6 +644,15 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
   const std::vector<std::size_t> top(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k));
   constexpr int kCoverUnits = 5;  // 6 raises longcontext's bounds by under 1 % at 10x the time
   const std::size_t units = std::min<std::size_t>(k, kCoverUnits);
+  GiantShares shares;
+  shares.hid.assign(units, std::vector<double>(static_cast<std::size_t>(P) + 1, 0.0));
+  shares.load.assign(units,
+                     std::vector<double>(static_cast<std::size_t>(P) + 1, std::numeric_limits<double>::infinity()));
+  for (std::size_t i = 0; i < units; ++i)
+    for (int d = dmin[i]; d <= P; ++d) {
+      const double t = time[i][d - dmin[i]], E = hidden(i, d, t, units);
+      shares.hid[i][d] = E, shares.load[i][d] = t - c - E;
+    }
   auto other = [&](double S) {  // as in fits(): each giant's ranks lose C(S) - room of the pool
     OtherWork o;
     const double C = capacity(S);
@@ -646,15 +664,8 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
     double rest = total_work;
     o.capacity = C;
     o.loss.assign(units, std::vector<double>(static_cast<std::size_t>(P) + 2, inf));
-    o.hid.assign(units, std::vector<double>(static_cast<std::size_t>(P) + 1, 0.0));
-    o.load.assign(units, std::vector<double>(static_cast<std::size_t>(P) + 1, inf));
     for (std::size_t i = 0; i < units; ++i) {
       rest -= w[i];
-      for (int d = dmin[i]; d <= P; ++d) {
-        const double t = time[i][d - dmin[i]];
-        const double E = std::min(std::max(0.0, t - w[i] / d - c), hide(batch.lengths[ids[i]], d, member[units]));
-        o.hid[i][d] = E, o.load[i][d] = t - c - E;
-      }
       for (int d = P; d >= 0; --d) {
         double l = o.loss[i][d + 1];
         if (d >= dmin[i]) {
@@ -667,7 +678,7 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
     o.budget = P * C - rest;
     return o;
   };
-  const double cover = cover_term(batch, cluster, cost, pp, top, kCoverUnits, other, out, fluid_room);
+  const double cover = cover_term(batch, cluster, cost, pp, top, kCoverUnits, other, out, fluid_room, shares);
   return {out, cover};
 }
 

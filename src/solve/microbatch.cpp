@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 
 #include "dynacp/model/error.hpp"
 #include "dynacp/solve/small_lp.hpp"
@@ -147,25 +148,33 @@ RoomPath fluid_chain(std::span<const double> t, const std::array<double, kRoomVa
 
 ChainRoom::ChainRoom(int pp) : pp_(pp) {
   if (pp < 1) invalid("ChainRoom: pp must be >= 1, got ", pp);
-  table_.resize(kGrid + 1), optimal_.resize(kGrid + 1);
-  for (int i = 0; i <= kGrid; ++i) {
+  table_.assign(kGrid + 1, std::numeric_limits<double>::quiet_NaN()), optimal_.assign(kGrid + 1, 0);
+}
+
+double ChainRoom::at(std::size_t i) const {  // r(i / kGrid), solved on first use
+  if (std::isnan(table_[i])) {
     const double t[1] = {static_cast<double>(i) / kGrid};
     bool optimal = false;
-    table_[static_cast<std::size_t>(i)] = exact(t, 1.0, &optimal);
-    optimal_[static_cast<std::size_t>(i)] = optimal ? 1 : 0;
+    table_[i] = exact(t, 1.0, &optimal);
+    optimal_[i] = optimal ? 1 : 0;
   }
+  return table_[i];
 }
 
 double ChainRoom::operator()(double t, double S) const {
   if (!(t <= S) || !(S > 0.0)) return -1.0;
   const double tau = t / S * kGrid;
   const auto i = static_cast<std::size_t>(std::clamp(static_cast<int>(std::floor(tau)), 0, kGrid));
-  double r = table_[i];
+  double r = at(i);
   // r is concave: a chord extended beyond its two points lies above it (both solved to the optimum)
-  if (i > 0 && optimal_[i] && optimal_[i - 1])
-    r = std::min(r, r + (r - table_[i - 1]) * (tau - static_cast<double>(i)));
-  if (i + 2 <= kGrid && optimal_[i + 1] && optimal_[i + 2])
-    r = std::min(r, table_[i + 1] + (table_[i + 1] - table_[i + 2]) * (static_cast<double>(i + 1) - tau));
+  if (i > 0) {
+    const double left = at(i - 1);
+    if (optimal_[i] && optimal_[i - 1]) r = std::min(r, r + (r - left) * (tau - static_cast<double>(i)));
+  }
+  if (i + 2 <= kGrid) {
+    const double near = at(i + 1), far = at(i + 2);
+    if (optimal_[i + 1] && optimal_[i + 2]) r = std::min(r, near + (near - far) * (static_cast<double>(i + 1) - tau));
+  }
   return S * std::max(0.0, r);
 }
 

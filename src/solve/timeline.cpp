@@ -63,6 +63,13 @@ std::optional<Plan> best_of(std::vector<Plan> candidates, const Batch& batch, co
 }
 
 namespace {
+// A plan's groups, slot by slot: its global order.
+std::vector<Group> flatten(const Plan& plan) {
+  std::vector<Group> groups;
+  for (const auto& slot : plan.microbatches) groups.insert(groups.end(), slot.begin(), slot.end());
+  return groups;
+}
+
 // A global order of groups laid out again as early as each rank allows: a group's slot is one past its ranks' last.
 std::vector<std::vector<Group>> lay_out(const std::vector<Group>& groups, const std::vector<std::size_t>& order,
                                         std::size_t P) {
@@ -91,8 +98,7 @@ std::vector<double> group_times(const std::vector<Group>& groups, const Batch& b
 
 Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& cluster, const CostModel& cost,
                    const PlanOptions& options) {
-  std::vector<Group> groups;
-  for (const auto& slot : plan.microbatches) groups.insert(groups.end(), slot.begin(), slot.end());
+  const std::vector<Group> groups = flatten(plan);
   const std::vector<double> time = group_times(groups, batch, cluster, cost);
   const auto P = static_cast<std::size_t>(cluster.num_ranks);
   auto layout = [&](const std::vector<std::size_t>& order) { return lay_out(groups, order, P); };
@@ -185,8 +191,7 @@ Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& clust
 
 Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cluster, const CostModel& cost,
                      const PlanOptions& options) {
-  std::vector<Group> groups;
-  for (const auto& slot : plan.microbatches) groups.insert(groups.end(), slot.begin(), slot.end());
+  const std::vector<Group> groups = flatten(plan);
   const auto P = static_cast<std::size_t>(cluster.num_ranks);
   const std::vector<double> time = group_times(groups, batch, cluster, cost);
   std::vector<std::vector<std::size_t>> lists(P);

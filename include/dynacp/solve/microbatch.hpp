@@ -57,13 +57,12 @@ double one_f_one_b_chain_floor(std::span<const double> times, int pp);
 /// stage as a flow line (a stage's stream starts once the stream reaches it and the stage is free, and ends no
 /// sooner than the stream before it ends). That floor is a maximum of path lengths affine in (x, delta), so the
 /// room, max sum x + sum delta with the floor <= S, is found by cutting planes: every LP value on the way is an
-/// upper bound, and the first LP point that meets S is the optimum. For one giant the floor is homogeneous
-/// (scaling every time scales it): room(t, S) = S r(t / S) with r nonincreasing and concave, tabulated at
-/// kGrid + 1 points (each solved on first use, so one object is not for concurrent use) and read as an upper bound
-/// (r(tau_i) for tau >= tau_i, and the chords of the neighbouring
-/// intervals extended, where their points were solved to the optimum). Never above 3 pp (S - chain_floor(t)), the first
-/// cut (each variable adds at least its forward share on one stage to every path). Returns < 0 when the giants alone
-/// exceed S.
+/// upper bound, and the first LP point that meets S is the optimum. For one giant the floor is homogeneous (scaling
+/// every time scales it): room(t, S) = S r(t / S) with r nonincreasing and concave, tabulated at kGrid + 1 points
+/// (each solved on first use, so one object is not for concurrent use) and read as an upper bound: r(tau_i) for
+/// tau >= tau_i, and the chords of the neighbouring intervals extended, where their points were solved to the
+/// optimum. Never above 3 pp (S - chain_floor(t)), the first cut (each variable adds at least its forward share on
+/// one stage to every path). Returns < 0 when the giants alone exceed S.
 class ChainRoom {
  public:
   static constexpr int kMaxGiants = 8;

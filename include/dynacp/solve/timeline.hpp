@@ -59,10 +59,11 @@ Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& clust
 
 /// Rank-class order polish of a pipelined plan whose score is *t (updated when it improves). Ranks whose lists
 /// have one length and the same rings of degree >= 3 at the same places form a class; one permutation of list
-/// places applied to every rank of a class keeps those rings aligned. For each class, slowest first, the permutation
-/// that minimises the class's slowest 1F1B list (one_f_one_b_makespan; every permutation up to 7 places, else
-/// first-improvement moves) is applied, the lists are merged back into one global order (none when the new lists
-/// order two shared groups both ways) and the simulator decides. Every rank keeps its groups and microbatch count.
+/// places applied to every rank of a class keeps those rings aligned. Each class keeps its 6 best permutations by its
+/// slowest 1F1B list (one_f_one_b_makespan; every permutation up to 7 places, else first-improvement moves). The
+/// lists are merged back into one global order (none when the new lists order two shared groups both ways) and the
+/// simulator decides: first every class at its best at once, then one class at a time through its candidates, at
+/// most 96 scorings. Every rank keeps its groups and microbatch count.
 Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cluster, const CostModel& cost,
                      const PlanOptions& options);
 
