@@ -1213,14 +1213,14 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     // Per-rank microbatch lists for a geometric grid of microbatch targets below the pipelined lower bound.
     // (the grid is scaled by the bound without its critical-sequence and shared terms, which say little about
     // microbatch sizes)
-    const auto bt = pipelined_bound_terms(batch, cluster, cost, options.pp, options.vpp);
+    const auto bt = pipelined_bound_terms(batch, cluster, cost, options.pp, options.vpp, /*with_cover=*/false);
     const double lb_pp = std::max({bt.single, bt.wide, bt.average, 1e-12});
     // With vpp > 1 the grid is walked a second time, scaled by the plain 1F1B terms: the interleaved bound lacks the
     // best-split term, so its grid leans towards microbatches too small for their overhead. Those plans, and those
     // that bring each rank to its own nearest multiple of pp, form a family of their own (kInterleaved).
     double lb_alt = 0.0;
     if (options.vpp > 1) {
-      const auto b1 = pipelined_bound_terms(batch, cluster, cost, options.pp, 1);
+      const auto b1 = pipelined_bound_terms(batch, cluster, cost, options.pp, 1, /*with_cover=*/false);
       lb_alt = std::max({b1.single, b1.wide, b1.average, 1e-12});
     }
     const bool fixed_counts = options.count_policy == CountPolicy::Equal || options.vpp > 1;

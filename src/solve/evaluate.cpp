@@ -117,10 +117,10 @@ struct SharedTerms {
 };
 
 // Least S in [lo, hi] with feasible(S), for a feasible() that grows with S and holds at hi; returns a value no
-// feasible S lies below (lo when it already holds).
+// feasible S lies below (lo when it already holds), within 1e-5 hi of the least.
 double least_feasible(double lo, double hi, const std::function<bool(double)>& feasible) {
   if (feasible(lo)) return lo;
-  for (int it = 0; it < 24; ++it) {  // to (hi - lo) / 2^24
+  for (int it = 0; it < 24 && hi - lo > 1e-5 * hi; ++it) {
     const double mid = 0.5 * (lo + hi);
     (feasible(mid) ? hi : lo) = mid;
   }
@@ -249,17 +249,26 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
   // their best times. Units of several sequences are left out of the rooms (a relaxation). Where the LP fails, any
   // H that works shares more, so the search adds each pair that can chain within S at its best times.
   constexpr int kVersions = 4;  // degree ranges per giant in the rank LP (8 adds under 0.1 % at twice the time)
-  constexpr long kFits = 100;   // distinct rank LPs solved per step S (the 12 benchmark batches need fewer)
+  constexpr long kFits = 100;   // distinct rank LPs of each kind solved per step S
+  constexpr std::size_t kFineKinds = 256;  // the most kinds of a fine LP
   struct Version {
     int unit, d1, d2;
     double loss;
   };
   std::vector<Version> versions;
-  std::vector<std::pair<int, double>> kinds;  // shared ranks (or a unit of several sequences): unit mask, loss
+  struct Kind {  // ranks that hold the units of Q (a clique of H), each single sequence in version ver[x]
+    int Q;
+    std::array<int, 8> ver;
+    double loss;
+  };
+  std::vector<Kind> kinds;
   std::vector<double> lp_a, lp_b, lp_c, chain;
   std::map<std::vector<int>, double> rooms;     // per step S: (unit, from, to) per unit in order -> room
   std::map<std::vector<double>, bool> answers;  // per step S: the LP's data -> fits
-  long solved = 0;                              // LPs solved at this S
+  std::map<std::vector<int>, bool> shaped;      // per step S: units, degree ranges and cliques -> fits
+  long solved = 0, solved_fine = 0;             // coarse and fine LPs solved at this S
+  std::vector<int> lone_order[8];               // {x}: a lone unit's order
+  for (int x = 0; x < 8; ++x) lone_order[x] = {x};
   int upper[8] = {};
   auto ranks_fit = [&](int n, const std::vector<int>& part, const std::vector<int>& deg_of, const Shape& sh,
                        const std::vector<int>& key, const int* nbr, double S, const OtherWork& work) {
@@ -285,20 +294,12 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
       rooms.emplace(std::move(id), r);
       return r;
     };
-    versions.clear(), kinds.clear();
-    for (int x = 0; x < n; ++x) {
-      if (std::popcount(static_cast<unsigned>(part[x])) != 1) continue;
-      const int span = upper[x] - deg_of[x] + 1, cuts = std::min(kVersions, span);
-      bool any = false;
-      for (int j = 0; j < cuts; ++j) {
-        int from[8], to[8];
-        from[x] = deg_of[x] + span * j / cuts, to[x] = deg_of[x] + span * (j + 1) / cuts - 1;
-        const std::vector<int> alone{x};
-        if (const double r = room(alone, from, to); r >= 0.0)
-          versions.push_back({x, from[x], to[x], C - r}), any = true;
-      }
-      if (!any) return false;
-    }
+    // The answer follows from the units, their degree ranges and the cliques of H in the order pi: a repeat (another
+    // share graph with the same cliques) is answered at once.
+    std::vector<int> shape_id(part.begin(), part.end());
+    shape_id.push_back(-1);
+    for (int x = 0; x < n; ++x) shape_id.insert(shape_id.end(), {deg_of[x], upper[x]});
+    std::vector<std::pair<int, const std::vector<int>*>> cliques;  // (Q, its units in the order pi)
     for (int Q = 1; Q < (1 << n); ++Q) {
       bool clique = true;
       for (int x = 0; x < n && clique; ++x) clique = !(Q >> x & 1) || (Q & ~(nbr[x] | 1 << x)) == 0;
@@ -306,9 +307,25 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
       if (!clique ||
           (lone && std::popcount(static_cast<unsigned>(part[std::countr_zero(static_cast<unsigned>(Q))])) == 1))
         continue;
-      const std::vector<int> order =
-          lone ? std::vector<int>{std::countr_zero(static_cast<unsigned>(Q))} : sh.ordered[key[Q]];
-      if (const double r = room(order, deg_of.data(), upper); r >= 0.0) kinds.push_back({Q, C - r});
+      cliques.push_back({Q, lone ? &lone_order[std::countr_zero(static_cast<unsigned>(Q))] : &sh.ordered[key[Q]]});
+      shape_id.push_back(-2);
+      shape_id.insert(shape_id.end(), cliques.back().second->begin(), cliques.back().second->end());
+    }
+    if (const auto it = shaped.find(shape_id); it != shaped.end()) return it->second;
+    const auto answer = [&](bool fit) { return shaped[shape_id] = fit; };
+    versions.clear();
+    std::vector<int> of[8];  // the versions of each single-sequence unit
+    for (int x = 0; x < n; ++x) {
+      if (std::popcount(static_cast<unsigned>(part[x])) != 1) continue;
+      const int span = upper[x] - deg_of[x] + 1, cuts = std::min(kVersions, span);
+      for (int j = 0; j < cuts; ++j) {
+        int from[8], to[8];
+        from[x] = deg_of[x] + span * j / cuts, to[x] = deg_of[x] + span * (j + 1) / cuts - 1;
+        const std::vector<int> alone{x};
+        if (const double r = room(alone, from, to); r >= 0.0)
+          of[x].push_back(static_cast<int>(versions.size())), versions.push_back({x, from[x], to[x], C - r});
+      }
+      if (of[x].empty()) return answer(false);
     }
     // A primal point first: every unit on ranks of its own, each giant at its cheapest version's least count (no
     // shared ranks); if that fits, so does the LP.
@@ -324,49 +341,103 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
           if (v.unit == x && v.d1 * v.loss < least) least = v.d1 * v.loss, d = v.d1;
         ranks += d, loss += least;
       }
-      if (ranks <= P && loss <= work.budget) return true;
+      if (ranks <= P && loss <= work.budget) return answer(true);
     }
-    // The LP is all in the kinds, the versions and which units are single sequences (else their degrees): a repeat
-    // (another order or share graph giving the same ones) is answered at once.
-    std::vector<double> id{static_cast<double>(n)};
-    for (const auto& [Q, loss] : kinds) id.insert(id.end(), {static_cast<double>(Q), loss});
-    id.push_back(-1.0);
-    for (const Version& v : versions) id.insert(id.end(), {1.0 * v.unit, 1.0 * v.d1, 1.0 * v.d2, v.loss});
-    for (int x = 0; x < n; ++x) id.push_back(std::popcount(static_cast<unsigned>(part[x])) == 1 ? -1.0 : deg_of[x]);
-    if (const auto it = answers.find(id); it != answers.end()) return it->second;
-    if (++solved > kFits) return true;  // past the budget the step is granted (a relaxation, still a bound)
-    // The dual: max sum_{x alone} c_x + sum_{x of several} deg_x a_x - P e subject to, per shared kind Q,
-    // sum_{x in Q} a_x - e <= loss_Q; per version v of x, a_x - b_v - e <= loss_v and -d1 a_x + d2 b_v + c_x <= 0.
-    const std::size_t V = versions.size(), cols = 2 * static_cast<std::size_t>(n) + V + 1, e = cols - 1;
-    const std::size_t rows = kinds.size() + 2 * V;
-    lp_a.assign(rows * cols, 0.0), lp_b.assign(rows, 0.0), lp_c.assign(cols, 0.0);
-    for (int x = 0; x < n; ++x) {
-      if (std::popcount(static_cast<unsigned>(part[x])) == 1)
-        lp_c[static_cast<std::size_t>(n + x)] = 1.0;
-      else
-        lp_c[static_cast<std::size_t>(x)] = deg_of[x];
-    }
-    lp_c[e] = -static_cast<double>(P);
-    std::size_t r = 0;
-    for (const auto& [Q, loss] : kinds) {
-      for (int x = 0; x < n; ++x)
-        if (Q >> x & 1) lp_a[r * cols + static_cast<std::size_t>(x)] = 1.0;
-      lp_a[r * cols + e] = -1.0, lp_b[r++] = loss;
-    }
-    for (std::size_t v = 0; v < V; ++v) {
-      const auto x = static_cast<std::size_t>(versions[v].unit), bv = 2 * static_cast<std::size_t>(n) + v;
-      lp_a[r * cols + x] = 1.0, lp_a[r * cols + bv] = -1.0, lp_a[r * cols + e] = -1.0, lp_b[r++] = versions[v].loss;
-      lp_a[r * cols + x] = -versions[v].d1, lp_a[r * cols + bv] = versions[v].d2;
-      lp_a[r * cols + static_cast<std::size_t>(n) + x] = 1.0, lp_b[r++] = 0.0;
-    }
-    const bool fit = small_lp_max(lp_a, lp_b, lp_c) <= work.budget + 1e-9 * (1.0 + std::abs(work.budget));
-    answers.emplace(std::move(id), fit);
-    return fit;
+    // The kinds of rank: each version alone, and each clique. Coarse: a clique's units at their whole degree ranges
+    // (ver -1), a unit's ranks counted together. Fine: one kind per version of each single-sequence member, priced at
+    // that version's range, and a version's ranks counted apart (a unit's degree lies in one version's range).
+    auto add_kinds = [&](bool fine) {  // false: more than kFineKinds
+      kinds.clear();
+      for (std::size_t v = 0; v < versions.size(); ++v) {
+        Kind kd{1 << versions[v].unit, {}, versions[v].loss};
+        kd.ver.fill(-1), kd.ver[static_cast<std::size_t>(versions[v].unit)] = static_cast<int>(v);
+        kinds.push_back(kd);
+      }
+      for (const auto& [Q, order] : cliques) {
+        int from[8], to[8];
+        std::vector<int> single;  // members that are single sequences
+        for (int x : *order) {
+          from[x] = deg_of[x], to[x] = upper[x];
+          if (std::popcount(static_cast<unsigned>(part[x])) == 1) single.push_back(x);
+        }
+        std::vector<std::size_t> pick(fine ? single.size() : 0, 0);
+        while (true) {
+          Kind kd{Q, {}, 0.0};
+          kd.ver.fill(-1);
+          for (std::size_t j = 0; j < pick.size(); ++j) {
+            const int v = of[single[j]][pick[j]];
+            from[single[j]] = versions[v].d1, to[single[j]] = versions[v].d2, kd.ver[single[j]] = v;
+          }
+          if (const double r = room(*order, from, to); r >= 0.0) kd.loss = C - r, kinds.push_back(kd);
+          if (kinds.size() > kFineKinds) return false;
+          std::size_t j = 0;
+          while (j < pick.size() && ++pick[j] == of[single[j]].size()) pick[j++] = 0;
+          if (j == pick.size()) break;
+        }
+      }
+      return true;
+    };
+    // Whether the covering LP fits the budget, through its dual: max sum_{x alone} c_x + sum_{x of several} deg_x a_x
+    // - P e subject to, per kind K, sum_{x in K} (A_x - b_v if x is in version v) - e <= loss_K, and per version v of
+    // x, -d1 A_x + d2 b_v + c_x <= 0, where A_x is a_v (fine, x in version v) or the unit's a_x (coarse). Repeats
+    // (another order or share graph giving the same LP) are answered at once; past kFits distinct ones per step S
+    // of a kind the step is granted (a relaxation, still a bound).
+    auto lp_fits = [&](bool fine, long& spent) {
+      std::vector<double> id{fine ? 1.0 : 0.0, static_cast<double>(n)};
+      for (const Kind& kd : kinds) {
+        id.insert(id.end(), {static_cast<double>(kd.Q), kd.loss});
+        for (int x = 0; x < n; ++x)
+          if (kd.Q >> x & 1) id.push_back(kd.ver[static_cast<std::size_t>(x)]);
+      }
+      id.push_back(-1.0);
+      for (const Version& v : versions) id.insert(id.end(), {1.0 * v.unit, 1.0 * v.d1, 1.0 * v.d2});
+      for (int x = 0; x < n; ++x) id.push_back(std::popcount(static_cast<unsigned>(part[x])) == 1 ? -1.0 : deg_of[x]);
+      if (const auto it = answers.find(id); it != answers.end()) return it->second;
+      if (++spent > kFits) return true;
+      const std::size_t V = versions.size(), N = static_cast<std::size_t>(n), cols = 2 * N + 2 * V + 1, e = cols - 1;
+      const std::size_t rows = kinds.size() + V;
+      auto a_col = [&](int x, int v) {
+        return fine ? 2 * N + static_cast<std::size_t>(v) : static_cast<std::size_t>(x);
+      };
+      lp_a.assign(rows * cols, 0.0), lp_b.assign(rows, 0.0), lp_c.assign(cols, 0.0);
+      for (int x = 0; x < n; ++x) {
+        if (std::popcount(static_cast<unsigned>(part[x])) == 1)
+          lp_c[N + static_cast<std::size_t>(x)] = 1.0;
+        else
+          lp_c[static_cast<std::size_t>(x)] = deg_of[x];
+      }
+      lp_c[e] = -static_cast<double>(P);
+      std::size_t r = 0;
+      for (const Kind& kd : kinds) {
+        for (int x = 0; x < n; ++x) {
+          if (!(kd.Q >> x & 1)) continue;
+          if (const int v = kd.ver[static_cast<std::size_t>(x)]; v >= 0)
+            lp_a[r * cols + a_col(x, v)] = 1.0, lp_a[r * cols + 2 * N + V + static_cast<std::size_t>(v)] = -1.0;
+          else
+            lp_a[r * cols + static_cast<std::size_t>(x)] = 1.0;
+        }
+        lp_a[r * cols + e] = -1.0, lp_b[r++] = kd.loss;
+      }
+      for (std::size_t v = 0; v < V; ++v) {
+        const int x = versions[v].unit;
+        lp_a[r * cols + a_col(x, static_cast<int>(v))] = -versions[v].d1;
+        lp_a[r * cols + 2 * N + V + v] = versions[v].d2;
+        lp_a[r * cols + N + static_cast<std::size_t>(x)] = 1.0, lp_b[r++] = 0.0;
+      }
+      const bool fit = small_lp_max(lp_a, lp_b, lp_c) <= work.budget + 1e-9 * (1.0 + std::abs(work.budget));
+      answers.emplace(std::move(id), fit);
+      return fit;
+    };
+    add_kinds(false);  // a coarse LP has at most 32 + 20 kinds
+    if (!lp_fits(false, solved)) return answer(false);
+    // The fine LP only when its kinds stay few (else the coarse answer stands).
+    if (!add_kinds(true)) return answer(true);
+    return answer(lp_fits(true, solved_fine));
   };
   auto feasible = [&](double S) {
     const OtherWork work = other(S);
     rooms.clear();
-    answers.clear(), solved = 0;
+    answers.clear(), shaped.clear(), solved = solved_fine = 0;
     if (!(work.budget >= 0.0)) return false;
     std::vector<int> lo, deg, req, stack;
     int binding[8] = {};
@@ -535,9 +606,10 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
 // capacity by each giant's best degree separately (a relaxation, so still a bound), S is infeasible when
 //   P C(S) + sum_i max_{d_i} d_i (cap_i(d_i) - C(S)) < W'   or   sum_i (least feasible d_i) > P.
 // Feasibility grows with S, so the least feasible S is found by bisection; the term is max_k min(meet_k, that S).
-// Also returns the cover term (cover_term) of the hardest kCoverUnits, priced against the same other work.
+// Also returns the cover term (cover_term) of the hardest kCoverUnits, priced against the same other work (0 unless
+// with_cover).
 SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, double total_work,
-                        const std::function<double(double)>& G, const HideCap& hide) {
+                        const std::function<double(double)>& G, const HideCap& hide, bool with_cover) {
   constexpr std::size_t kGiants = 8;
   const int P = cluster.num_ranks;
   const double n = pp, c = cost.group_overhead;
@@ -678,6 +750,7 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
     o.budget = P * C - rest;
     return o;
   };
+  if (!with_cover) return {out, 0.0};
   const double cover = cover_term(batch, cluster, cost, pp, top, kCoverUnits, other, out, fluid_room, shares);
   return {out, cover};
 }
@@ -685,7 +758,7 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
 }  // namespace
 
 PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp,
-                                          int vpp) {
+                                          int vpp, bool with_cover) {
   const auto t = lower_bound_terms(batch, cluster, cost);
   if (pp <= 1) return {t.single, t.wide, t.average, 0.0, 0.0, 0.0};
   // A microbatch crosses all stages forward and back, so the hardest sequence still takes its whole time.
@@ -752,7 +825,7 @@ PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& clu
       }
       if (std::isfinite(best)) critical = std::max(critical, best);
     }
-    const auto st = shared_term(batch, cluster, cost, pp, std::max(0.0, t.average - c) * P, G, hide);
+    const auto st = shared_term(batch, cluster, cost, pp, std::max(0.0, t.average - c) * P, G, hide, with_cover);
     shared = st.shared, cover = st.cover;
   }
   const double wide = t.wide_work > 0 ? (t.wide_work / P + c) / n : 0.0;

@@ -34,9 +34,9 @@ struct PipelinedBoundTerms {
   double cover = 0.0;     ///< vpp = 1: the hardest few sequences' rings, chained along the ranks they share
 };
 /// The terms of the pipelined lower_bound (which is their maximum); pp = 1 gives the plain terms, critical, shared
-/// and cover 0.
+/// and cover 0. with_cover = false leaves out the cover term (0), the costliest (up to about a second at P = 64).
 PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp,
-                                          int vpp = 1);
+                                          int vpp = 1, bool with_cover = true);
 
 struct LowerBoundTerms {
   double average = 0.0;    ///< sum of work / P + c (every rank in use pays one group overhead)
