@@ -117,10 +117,10 @@ struct SharedTerms {
 };
 
 // Least S in [lo, hi] with feasible(S), for a feasible() that grows with S and holds at hi; returns a value no
-// feasible S lies below (lo when it already holds), within 1e-5 hi of the least.
+// feasible S lies below (lo when it already holds), within 1e-4 hi of the least.
 double least_feasible(double lo, double hi, const std::function<bool(double)>& feasible) {
   if (feasible(lo)) return lo;
-  for (int it = 0; it < 24 && hi - lo > 1e-5 * hi; ++it) {
+  for (int it = 0; it < 24 && hi - lo > 1e-4 * hi; ++it) {
     const double mid = 0.5 * (lo + hi);
     (feasible(mid) ? hi : lo) = mid;
   }
@@ -129,15 +129,17 @@ double least_feasible(double lo, double hi, const std::function<bool(double)>& f
 
 // What the work beyond the hardest k sequences leaves room for at a step S (the shared term's pricing): budget = P C(S)
 // - W' (W' the other work, C(S) the most per-rank work within S; -inf when not even an empty rank finishes), and
-// loss[i][d] = the least work capacity below C(S), in all, that sequence i takes from its ranks on any degree >= d
-// that finishes within S (infinite when none does); and C(S) itself, for the rank-level check.
+// loss[u][d] = the least work capacity below C(S), in all, that a unit u (a mask of the cover sequences in one group)
+// takes from its ranks on any degree >= d that finishes within S (infinite when none does); and C(S) itself, for the
+// rank-level check.
 struct OtherWork {
   double budget = 0.0, capacity = 0.0;
   std::vector<std::vector<double>> loss;
 };
 
-// Per cover sequence i and degree d, whatever the step: hid[i][d] = E, the work its co-members may hide, and
-// load[i][d] = t - c - E, the work its microbatch puts on each of its ranks (infinite below its least degree).
+// Per unit u (a mask of the cover sequences in one group) and degree d, whatever the step: hid[u][d] = E, the work
+// its other co-members may hide, and load[u][d] = t - c - E, the work its microbatch puts on each of its ranks
+// (infinite below its least degree).
 struct GiantShares {
   std::vector<std::vector<double>> hid, load;
 };
@@ -152,15 +154,15 @@ struct GiantShares {
 // every path of H along pi of chain floor <= S and every independent set of H of degrees summing to <= P. Each
 // unit's degree is bounded below alone (the others at their fastest times) and above by the independent sets it is
 // in; each path is then checked at those upper degrees. The other work must fit too: a rank of unit u runs at most
-// C(S) - loss_u of it (the critical-sequence argument, whatever else the rank runs), so the ranks of an independent
-// set lose the sum of their losses (units of several sequences are taken to lose nothing, a relaxation).
+// C(S) - loss_u of it (the critical-sequence argument, for any microbatch, whatever else the rank runs), so the ranks
+// of an independent set lose the sum of their losses. A unit of several sequences is priced by its group's time.
 double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp,
                   const std::vector<std::size_t>& ids, int units, const std::function<OtherWork(double)>& other,
                   double from, const ChainRoom& fluid_room, const GiantShares& shares) {
   const int k = std::min<int>(units, static_cast<int>(ids.size()));
   const int P = cluster.num_ranks;
   if (k < 2) return 0.0;
-  constexpr long kVisits = 20000;  // share graphs tried per step S, over all partitions and orders
+  constexpr long kVisits = 50000;  // share graphs tried per step S, over all partitions and orders
   // time[d] for d = 0..P: the fastest time on at most d ranks (infinite below the least degree)
   auto curve = [&](int members) {
     GroupStats g;
@@ -244,39 +246,53 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
   // capacity the other work needs. A giant u on
   // d_u ranks in [deg_u, upper_u] (its rings' bounds) has some ranks to itself and shares the others, so the pool
   // must hold, within P ranks, every unit's d_u ranks at a total loss <= the budget. An LP relaxes it: the degree
-  // range is cut into versions [d1, d2] (d_u >= d1 ranks, at most d2 of them alone, each losing no less than at the
-  // best degree in the range), a convex mix of versions per giant, and ranks shared by several units priced at
-  // their best times (coarse). Where that fits, a fine LP prices each clique at one version per member and counts
-  // each version's ranks apart (a ring has one degree). Units of several sequences are left out of the rooms (a
-  // relaxation). Where the LP fails, any H that works shares more, so the search adds each pair that can chain
-  // within S at its best times.
-  constexpr int kVersions = 4;  // degree ranges per giant (6 or 8 push more fine LPs past kFineKinds: bounds move
-                                // both ways, wlbllm 0 +0.6 %, github 1 -0.3 %)
-  constexpr long kFits = 100;   // distinct rank LPs of each kind solved per step S
-  constexpr std::size_t kFineKinds = 256;  // the most kinds of a fine LP
-  struct Version {
+  // range is cut into ranges at equal steps of the unit's time, and each range into pieces [d1, d2] (d_u >= d1
+  // ranks, at most d2 of them alone, each losing no less than at the piece's best degree), a convex mix of pieces
+  // per giant, and ranks shared by several units priced at their best times (coarse). Where that fits, a fine LP
+  // prices each clique at one range per member and counts each range's ranks apart (a ring has one degree); a unit of
+  // several sequences keeps its whole degree range. Where the LP fails, any H that works shares more, so the search
+  // adds each pair that can chain within S at its best times.
+  constexpr int kVersions = 8;              // degree ranges per giant, for the cliques of the fine LP
+  constexpr int kPieces = 3;                // pieces per range, for the ranks a giant holds alone
+  constexpr long kFits = 300;               // distinct rank LPs of each kind solved per step S
+  constexpr std::size_t kFineKinds = 2048;  // the most clique kinds of a fine LP
+  struct Range {                            // a giant's degree lies in [d1, d2]
     int unit, d1, d2;
+  };
+  std::vector<Range> ranges;
+  struct Piece {  // a piece [d1, d2] of range `range`: ranks the giant holds alone lose `loss` each
+    int unit, d1, d2, range;
     double loss;
   };
-  std::vector<Version> versions;
-  struct Kind {  // ranks that hold the units of Q (a clique of H), each single sequence in version ver[x]
+  std::vector<Piece> pieces;
+  struct Kind {  // ranks that hold the units of Q: one piece alone (piece >= 0), or a clique of H with each single
+                 // sequence priced at range ver[x] (fine) or at its whole degree range (coarse, -1)
     int Q;
     std::array<int, 8> ver;
     double loss;
+    int piece;
   };
   std::vector<Kind> kinds;
   std::vector<double> lp_a, lp_b, lp_c, chain;
-  std::map<std::vector<int>, double> rooms;     // per step S: (unit, from, to) per unit in order -> room
-  std::map<std::vector<double>, bool> answers;  // per step S: the LP's data -> fits
-  std::map<std::vector<int>, bool> shaped;      // per step S: units, degree ranges and cliques -> fits
-  long solved = 0, solved_fine = 0;             // coarse and fine LPs solved at this S
-  std::vector<int> lone_order[8];               // {x}: a lone unit's order
+  std::map<std::vector<int>, double> rooms;      // per step S: (unit, from, to) per unit in order -> room
+  std::map<std::vector<double>, double> fluids;  // per step S: the times of a chain -> the fluid room beside it
+  std::map<std::vector<double>, bool> answers;   // per step S: the LP's data -> fits
+  std::map<std::vector<int>, bool> shaped;       // per step S: units, degree ranges and cliques -> fits
+  long solved = 0, solved_fine = 0;              // coarse and fine LPs solved at this S
+  // Work caps over the whole term (every step S), so that no batch takes long: LP tableau cells (rows x (rows +
+  // columns), summed over the LPs solved) and share graphs tried. Past either, every check is granted (a relaxation,
+  // still a bound). The benchmark batches stay below both (at most 3e8 cells).
+  constexpr double kCells = 2e8;
+  constexpr long kAllVisits = 400000;
+  double cells = 0.0;
+  long all_visits = 0;
+  std::vector<int> lone_order[8];  // {x}: a lone unit's order
   for (int x = 0; x < 8; ++x) lone_order[x] = {x};
   int upper[8] = {};
   auto ranks_fit = [&](int n, const std::vector<int>& part, const std::vector<int>& deg_of, const Shape& sh,
                        const std::vector<int>& key, const int* nbr, double S, const OtherWork& work) {
     const double C = work.capacity;
-    // the room on a rank holding the units of `order` (single sequences only) at degrees in [from[x], upper[x]]
+    // the room on a rank holding the units of `order` at degrees in [from[x], to[x]]
     auto room = [&](const std::vector<int>& order, const int* from, const int* to) {
       std::vector<int> id;
       for (int x : order) id.insert(id.end(), {part[x], from[x], to[x]});
@@ -284,15 +300,18 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
       chain.clear();
       double hidden = 0.0, load = 0.0;
       for (int x : order) {
-        const auto m = static_cast<unsigned>(part[x]);
-        if (std::popcount(m) != 1) continue;
-        const int i = std::countr_zero(m);
+        const auto m = static_cast<std::size_t>(part[x]);
         chain.push_back(curves[m][to[x]]);
         double E = 0.0, l = std::numeric_limits<double>::infinity();
-        for (int d = from[x]; d <= to[x]; ++d) E = std::max(E, shares.hid[i][d]), l = std::min(l, shares.load[i][d]);
+        for (int d = from[x]; d <= to[x]; ++d) E = std::max(E, shares.hid[m][d]), l = std::min(l, shares.load[m][d]);
         hidden += E, load += l;
       }
-      const double fluid = chain.empty() ? 0.0 : fluid_room(chain, S);
+      double fluid = 0.0;
+      if (!chain.empty()) {  // the room beside a chain depends on its times alone: many ranges share them
+        const auto [it, fresh] = fluids.try_emplace(chain, 0.0);
+        if (fresh) it->second = fluid_room(chain, S);
+        fluid = it->second;
+      }
       const double r = chain.empty() ? C : fluid < 0.0 ? -1.0 : std::min(fluid + hidden, C - load);
       rooms.emplace(std::move(id), r);
       return r;
@@ -316,46 +335,67 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
     }
     if (const auto it = shaped.find(shape_id); it != shaped.end()) return it->second;
     const auto answer = [&](bool fit) { return shaped[shape_id] = fit; };
-    versions.clear();
-    std::vector<int> of[8];  // the versions of each single-sequence unit
+    ranges.clear(), pieces.clear();
+    std::vector<int> of[8];  // the ranges of each single-sequence unit
     for (int x = 0; x < n; ++x) {
       if (std::popcount(static_cast<unsigned>(part[x])) != 1) continue;
       const int span = upper[x] - deg_of[x] + 1, cuts = std::min(kVersions, span);
-      for (int j = 0; j < cuts; ++j) {
-        int from[8], to[8];
-        from[x] = deg_of[x] + span * j / cuts, to[x] = deg_of[x] + span * (j + 1) / cuts - 1;
-        const std::vector<int> alone{x};
-        if (const double r = room(alone, from, to); r >= 0.0)
-          of[x].push_back(static_cast<int>(versions.size())), versions.push_back({x, from[x], to[x], C - r});
+      // range bounds at equal steps of the unit's time (it falls fastest near the least degree)
+      const auto& tc = curves[part[x]];
+      std::vector<int> bound{deg_of[x]};
+      for (int j = 1; j < cuts; ++j) {
+        const double goal = tc[deg_of[x]] - (tc[deg_of[x]] - tc[upper[x]]) * j / cuts;
+        int d = bound.back() + 1;
+        while (d <= upper[x] && tc[d] > goal) ++d;
+        if (d <= upper[x]) bound.push_back(d);
+      }
+      bound.push_back(upper[x] + 1);
+      for (std::size_t j = 0; j + 1 < bound.size(); ++j) {
+        const int d1 = bound[j], len = bound[j + 1] - d1;
+        const int range = static_cast<int>(ranges.size()), parts = std::min(kPieces, len);
+        const std::size_t before = pieces.size();
+        for (int q = 0; q < parts; ++q) {
+          int from[8], to[8];
+          from[x] = d1 + len * q / parts, to[x] = d1 + len * (q + 1) / parts - 1;
+          const std::vector<int> alone{x};
+          if (const double r = room(alone, from, to); r >= 0.0) pieces.push_back({x, from[x], to[x], range, C - r});
+        }
+        if (pieces.size() > before) of[x].push_back(range), ranges.push_back({x, d1, d1 + len - 1});
       }
       if (of[x].empty()) return answer(false);
     }
-    // A primal point first: every unit on ranks of its own, each giant at its cheapest version's least count (no
+    // A primal point first: every unit on ranks of its own, each giant at its cheapest piece's least count (no
     // shared ranks); if that fits, so does the LP.
     {
       double ranks = 0.0, loss = 0.0;
-      for (int x = 0; x < n; ++x) {
-        if (std::popcount(static_cast<unsigned>(part[x])) != 1) {
-          ranks += deg_of[x];
-          continue;
+      double least[8], d[8];
+      std::fill(least, least + 8, std::numeric_limits<double>::infinity());
+      for (const Piece& q : pieces)
+        if (q.d1 * q.loss < least[q.unit]) least[q.unit] = q.d1 * q.loss, d[q.unit] = q.d1;
+      bool ok = true;
+      for (int x = 0; x < n && ok; ++x) {
+        if (std::popcount(static_cast<unsigned>(part[x])) != 1) {  // a unit of several: deg ranks at its range's loss
+          int from[8], to[8];
+          from[x] = deg_of[x], to[x] = upper[x];
+          const double r = room(lone_order[x], from, to);
+          ranks += deg_of[x], loss += deg_of[x] * (C - r), ok = r >= 0.0;
+        } else {
+          ranks += d[x], loss += least[x];
         }
-        double least = std::numeric_limits<double>::infinity(), d = 0.0;
-        for (int i : of[x])
-          if (const Version& v = versions[i]; v.d1 * v.loss < least) least = v.d1 * v.loss, d = v.d1;
-        ranks += d, loss += least;
       }
-      if (ranks <= P && loss <= work.budget) return answer(true);
+      if (ok && ranks <= P && loss <= work.budget) return answer(true);
     }
-    // The kinds of rank: each version alone, and each clique. Coarse: a clique's units at their whole degree ranges
-    // (ver -1), a unit's ranks counted together. Fine: one kind per version of each single-sequence member, priced at
-    // that version's range, and a version's ranks counted apart (a unit's degree lies in one version's range).
-    auto add_kinds = [&](bool fine) {  // false: more than kFineKinds
+    // The kinds of rank: each piece alone, and each clique. Coarse: a clique's units at their whole degree ranges
+    // (ver -1), a unit's ranks counted together. Fine: one kind per range of each single-sequence member, priced at
+    // that range, and a range's ranks counted apart (a unit's degree lies in one range).
+    auto add_kinds = [&](bool fine) {  // false: more than kFineKinds cliques
       kinds.clear();
-      for (std::size_t v = 0; v < versions.size(); ++v) {
-        Kind kd{1 << versions[v].unit, {}, versions[v].loss};
-        kd.ver.fill(-1), kd.ver[static_cast<std::size_t>(versions[v].unit)] = static_cast<int>(v);
+      for (std::size_t q = 0; q < pieces.size(); ++q) {
+        Kind kd{1 << pieces[q].unit, {}, pieces[q].loss, static_cast<int>(q)};
+        kd.ver.fill(-1);
         kinds.push_back(kd);
       }
+      const std::size_t lone = kinds.size();
       for (const auto& [Q, order] : cliques) {
         int from[8], to[8];
         std::vector<int> single;  // members that are single sequences
@@ -365,14 +405,14 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
         }
         std::vector<std::size_t> pick(fine ? single.size() : 0, 0);
         while (true) {
-          Kind kd{Q, {}, 0.0};
+          Kind kd{Q, {}, 0.0, -1};
           kd.ver.fill(-1);
           for (std::size_t j = 0; j < pick.size(); ++j) {
             const int v = of[single[j]][pick[j]];
-            from[single[j]] = versions[v].d1, to[single[j]] = versions[v].d2, kd.ver[single[j]] = v;
+            from[single[j]] = ranges[v].d1, to[single[j]] = ranges[v].d2, kd.ver[single[j]] = v;
           }
           if (const double r = room(*order, from, to); r >= 0.0) kd.loss = C - r, kinds.push_back(kd);
-          if (kinds.size() > kFineKinds) return false;
+          if (kinds.size() - lone > kFineKinds) return false;
           std::size_t j = 0;
           while (j < pick.size() && ++pick[j] == of[single[j]].size()) pick[j++] = 0;
           if (j == pick.size()) break;
@@ -381,27 +421,36 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
       return true;
     };
     // Whether the covering LP fits the budget, through its dual: max sum_{x alone} c_x + sum_{x of several} deg_x a_x
-    // - P e subject to, per kind K, sum_{x in K} (A_x - b_v if x is in version v) - e <= loss_K, and per version v of
-    // x, -d1 A_x + d2 b_v + c_x <= 0, where A_x is a_v (fine, x in version v) or the unit's a_x (coarse). Repeats
-    // (another order or share graph giving the same LP) are answered at once; past kFits distinct ones per step S
-    // of a kind the step is granted (a relaxation, still a bound).
+    // - P e subject to, per kind K, sum_{x in K} (A_x - B_v) - b_q - e <= loss_K (B_v fine only, v the range x is
+    // priced at; b_q for the kind of piece q alone), and per piece q of x in range v, c_x - d1 A_x + d2 (b_q + B_v)
+    // <= 0, where A_x is A_v (fine) or the unit's a_x (coarse). Primal: every unit takes a convex mix of pieces, its
+    // ranks number at least d1 of the mix (per range, fine), at most d2 of it hold the unit alone in piece q, and at
+    // most d2 hold it in range v (fine). Repeats (another order or share graph giving the same LP) are answered at
+    // once; past kFits distinct ones per step S of a kind the step is granted (a relaxation, still a bound).
     auto lp_fits = [&](bool fine, long& spent) {
       std::vector<double> id{fine ? 1.0 : 0.0, static_cast<double>(n)};
       for (const Kind& kd : kinds) {
-        id.insert(id.end(), {static_cast<double>(kd.Q), kd.loss});
+        id.insert(id.end(), {static_cast<double>(kd.Q), kd.loss, static_cast<double>(kd.piece)});
         for (int x = 0; x < n; ++x)
           if (kd.Q >> x & 1) id.push_back(kd.ver[static_cast<std::size_t>(x)]);
       }
       id.push_back(-1.0);
-      for (const Version& v : versions) id.insert(id.end(), {1.0 * v.unit, 1.0 * v.d1, 1.0 * v.d2});
+      for (const Piece& q : pieces) id.insert(id.end(), {1.0 * q.unit, 1.0 * q.d1, 1.0 * q.d2, 1.0 * q.range});
       for (int x = 0; x < n; ++x) id.push_back(std::popcount(static_cast<unsigned>(part[x])) == 1 ? -1.0 : deg_of[x]);
       if (const auto it = answers.find(id); it != answers.end()) return it->second;
       if (++spent > kFits) return true;
-      const std::size_t V = versions.size(), N = static_cast<std::size_t>(n), cols = 2 * N + 2 * V + 1, e = cols - 1;
-      const std::size_t rows = kinds.size() + V;
+      // (the sizes below, ahead of the solve)
+      const double size =
+          static_cast<double>(kinds.size() + pieces.size()) *
+          static_cast<double>(kinds.size() + 2 * pieces.size() + 2 * n + (fine ? 2 * ranges.size() : 0) + 1);
+      if ((cells += size) > kCells) return true;
+      // columns: a_x, c_x (per unit), b_q (per piece), A_v, B_v (per range, fine only), e
+      const std::size_t N = static_cast<std::size_t>(n), F = pieces.size(), R = fine ? ranges.size() : 0;
+      const std::size_t cols = 2 * N + F + 2 * R + 1, e = cols - 1, rows = kinds.size() + F;
       auto a_col = [&](int x, int v) {
-        return fine ? 2 * N + static_cast<std::size_t>(v) : static_cast<std::size_t>(x);
+        return fine ? 2 * N + F + static_cast<std::size_t>(v) : static_cast<std::size_t>(x);
       };
+      auto big_b = [&](int v) { return 2 * N + F + R + static_cast<std::size_t>(v); };
       lp_a.assign(rows * cols, 0.0), lp_b.assign(rows, 0.0), lp_c.assign(cols, 0.0);
       for (int x = 0; x < n; ++x) {
         if (std::popcount(static_cast<unsigned>(part[x])) == 1)
@@ -414,24 +463,28 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
       for (const Kind& kd : kinds) {
         for (int x = 0; x < n; ++x) {
           if (!(kd.Q >> x & 1)) continue;
-          if (const int v = kd.ver[static_cast<std::size_t>(x)]; v >= 0)
-            lp_a[r * cols + a_col(x, v)] = 1.0, lp_a[r * cols + 2 * N + V + static_cast<std::size_t>(v)] = -1.0;
+          const int v =
+              kd.piece >= 0 ? pieces[static_cast<std::size_t>(kd.piece)].range : kd.ver[static_cast<std::size_t>(x)];
+          if (fine && v >= 0)
+            lp_a[r * cols + a_col(x, v)] = 1.0, lp_a[r * cols + big_b(v)] = -1.0;
           else
             lp_a[r * cols + static_cast<std::size_t>(x)] = 1.0;
         }
+        if (kd.piece >= 0) lp_a[r * cols + 2 * N + static_cast<std::size_t>(kd.piece)] = -1.0;
         lp_a[r * cols + e] = -1.0, lp_b[r++] = kd.loss;
       }
-      for (std::size_t v = 0; v < V; ++v) {
-        const int x = versions[v].unit;
-        lp_a[r * cols + a_col(x, static_cast<int>(v))] = -versions[v].d1;
-        lp_a[r * cols + 2 * N + V + v] = versions[v].d2;
-        lp_a[r * cols + N + static_cast<std::size_t>(x)] = 1.0, lp_b[r++] = 0.0;
+      for (std::size_t f = 0; f < F; ++f) {
+        const Piece& q = pieces[f];
+        lp_a[r * cols + a_col(q.unit, q.range)] = -q.d1;
+        lp_a[r * cols + 2 * N + f] = q.d2;
+        if (fine) lp_a[r * cols + big_b(q.range)] = q.d2;
+        lp_a[r * cols + N + static_cast<std::size_t>(q.unit)] = 1.0, lp_b[r++] = 0.0;
       }
       const bool fit = small_lp_max(lp_a, lp_b, lp_c) <= work.budget + 1e-9 * (1.0 + std::abs(work.budget));
       answers.emplace(std::move(id), fit);
       return fit;
     };
-    add_kinds(false);  // a coarse LP has at most 32 + 20 kinds
+    add_kinds(false);  // a coarse LP has at most 5 x 24 pieces + 26 cliques
     if (!lp_fits(false, solved)) return answer(false);
     // The fine LP only when its kinds stay few (else the coarse answer stands).
     if (!add_kinds(true)) return answer(true);
@@ -439,7 +492,7 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
   };
   auto feasible = [&](double S) {
     const OtherWork work = other(S);
-    rooms.clear();
+    rooms.clear(), fluids.clear();
     answers.clear(), shaped.clear(), solved = solved_fine = 0;
     if (!(work.budget >= 0.0)) return false;
     std::vector<int> lo, deg, req, stack;
@@ -489,7 +542,8 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
         stack.assign(1, 0);
         seen[0] = 1;
         while (!stack.empty()) {
-          if (++visits > kVisits) return true;  // search budget spent: granted (a relaxation, still a bound)
+          if (++visits > kVisits || ++all_visits > kAllVisits)
+            return true;  // search budget spent: granted (a relaxation, still a bound)
           const int H = stack.back();
           stack.pop_back();
           deg = lo;
@@ -528,7 +582,7 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
             }
           auto loss = [&](int x) {
             const auto m = static_cast<unsigned>(part[x]);
-            return std::popcount(m) == 1 ? work.loss[std::countr_zero(m)][deg[x]] : 0.0;
+            return work.loss[m][deg[x]];
           };
           if (nbreaks == 0) {
             bool dead = false;
@@ -719,15 +773,29 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
   const std::vector<std::size_t> top(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k));
   constexpr int kCoverUnits = 5;  // 6 raises longcontext's bounds by under 1 % at 10x the time
   const std::size_t units = std::min<std::size_t>(k, kCoverUnits);
+  // Every unit (a group holding some of the cover sequences): its time on exactly d ranks, and what its other
+  // co-members (outside the cover sequences) may hide in it - the critical-sequence argument holds for any
+  // microbatch, and HideCap for the group's tokens in all.
+  const std::size_t masks = std::size_t{1} << units;
+  const double inf = std::numeric_limits<double>::infinity();
   GiantShares shares;
-  shares.hid.assign(units, std::vector<double>(static_cast<std::size_t>(P) + 1, 0.0));
-  shares.load.assign(units,
-                     std::vector<double>(static_cast<std::size_t>(P) + 1, std::numeric_limits<double>::infinity()));
-  for (std::size_t i = 0; i < units; ++i)
-    for (int d = dmin[i]; d <= P; ++d) {
-      const double t = time[i][d - dmin[i]], E = hidden(i, d, t, units);
-      shares.hid[i][d] = E, shares.load[i][d] = t - c - E;
+  std::vector<std::vector<double>> unit_time(masks, std::vector<double>(static_cast<std::size_t>(P) + 1, inf));
+  std::vector<int> unit_dmin(masks, P + 1);
+  shares.hid.assign(masks, std::vector<double>(static_cast<std::size_t>(P) + 1, 0.0));
+  shares.load.assign(masks, std::vector<double>(static_cast<std::size_t>(P) + 1, inf));
+  for (std::size_t u = 1; u < masks; ++u) {
+    GroupStats g;
+    double work_u = 0.0;
+    for (std::size_t i = 0; i < units; ++i)
+      if (u >> i & 1) g.add(batch.lengths[ids[i]], cost.eta(batch.mask(ids[i]))), work_u += w[i];
+    unit_dmin[u] = std::max(1, cost.min_degree(g.tokens, cluster));
+    for (int d = unit_dmin[u]; d <= P; ++d) {
+      const double t = std::popcount(u) == 1 ? time[std::countr_zero(u)][d - dmin[std::countr_zero(u)]]
+                                             : fastest(cost, cluster, g, d);
+      const double E = std::min(std::max(0.0, t - work_u / d - c), hide(g.tokens, d, member[units]));
+      unit_time[u][d] = t, shares.hid[u][d] = E, shares.load[u][d] = t - c - E;
     }
+  }
   auto other = [&](double S) {  // as in fits(): each giant's ranks lose C(S) - room of the pool
     OtherWork o;
     const double C = capacity(S);
@@ -735,21 +803,20 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
       o.budget = -std::numeric_limits<double>::infinity();
       return o;
     }
-    const double inf = std::numeric_limits<double>::infinity();
     double rest = total_work;
     o.capacity = C;
-    o.loss.assign(units, std::vector<double>(static_cast<std::size_t>(P) + 2, inf));
-    for (std::size_t i = 0; i < units; ++i) {
-      rest -= w[i];
+    for (std::size_t i = 0; i < units; ++i) rest -= w[i];
+    o.loss.assign(masks, std::vector<double>(static_cast<std::size_t>(P) + 2, inf));
+    for (std::size_t u = 1; u < masks; ++u)
       for (int d = P; d >= 0; --d) {
-        double l = o.loss[i][d + 1];
-        if (d >= dmin[i]) {
-          const double t = time[i][d - dmin[i]];
-          if (const double r = t <= S ? room(i, d, t, S, C, units) : -1.0; r >= 0) l = std::min(l, d * (C - r));
+        double l = o.loss[u][d + 1];
+        if (d >= unit_dmin[u] && unit_time[u][d] <= S) {
+          const double fluid = fluid_room(unit_time[u][d], S);
+          const double r = fluid < 0.0 ? -1.0 : std::min(fluid + shares.hid[u][d], C - shares.load[u][d]);
+          if (r >= 0) l = std::min(l, d * (C - r));
         }
-        o.loss[i][d] = l;
+        o.loss[u][d] = l;
       }
-    }
     o.budget = P * C - rest;
     return o;
   };

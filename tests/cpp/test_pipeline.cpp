@@ -738,6 +738,82 @@ TEST(Pipeline, SmallLpMatchesVertexEnumeration) {
   }
 }
 
+// A degenerate LP from the cover term's rank check (longcontext batch 1, cut down to 29 rows that still show it):
+// pivoting on entries down to 1e-12 left rounding that made the final point infeasible, so the solve proved
+// nothing. Pivots are now at least 1e-9, and the value matches HiGHS (scipy 1.17, 1113.2591300919262).
+TEST(Pipeline, SmallLpSettlesADegenerateCoverLp) {
+  const std::vector<std::vector<std::pair<int, double>>> rows{{{9, 1}, {21, -1}},
+                                                              {{9, 1}, {11, 1}, {21, -1}},
+                                                              {{10, 1}, {11, 1}, {21, -1}},
+                                                              {{10, 1}, {13, 1}, {21, -1}},
+                                                              {{11, 1}, {13, 1}, {21, -1}},
+                                                              {{12, 1}, {14, 1}, {21, -1}},
+                                                              {{10, 1}, {12, 1}, {13, 1}, {21, -1}},
+                                                              {{10, 1}, {12, 1}, {14, 1}, {21, -1}},
+                                                              {{10, 1}, {16, 1}, {21, -1}},
+                                                              {{11, 1}, {16, 1}, {21, -1}},
+                                                              {{10, 1}, {11, 1}, {17, 1}, {21, -1}},
+                                                              {{10, 1}, {12, 1}, {17, 1}, {21, -1}},
+                                                              {{10, 1}, {11, 1}, {18, 1}, {21, -1}},
+                                                              {{10, 1}, {12, 1}, {18, 1}, {21, -1}},
+                                                              {{15, 1}, {19, 1}, {21, -1}},
+                                                              {{15, 1}, {20, 1}, {21, -1}},
+                                                              {{18, 1}, {20, 1}, {21, -1}},
+                                                              {{0, 1}, {9, -44}},
+                                                              {{0, 1}, {10, -46}},
+                                                              {{1, 1}, {5, 42}, {11, -42}},
+                                                              {{1, 1}, {6, 44}, {12, -44}},
+                                                              {{2, 1}, {13, -36}},
+                                                              {{2, 1}, {14, -37}},
+                                                              {{3, 1}, {15, -26}},
+                                                              {{3, 1}, {7, 27}, {16, -27}},
+                                                              {{3, 1}, {8, 28}, {17, -28}},
+                                                              {{3, 1}, {18, -29}},
+                                                              {{4, 1}, {19, -18}},
+                                                              {{4, 1}, {20, -20}}};
+  const std::vector<double> b{8.5678118929464873,
+                              13.618612370407501,
+                              12.763482423602888,
+                              10.687016177198416,
+                              10.392604432850002,
+                              9.9165106266240315,
+                              17.647361436253671,
+                              17.493615173853641,
+                              10.654138230573539,
+                              10.327283825936776,
+                              17.799964137862926,
+                              17.380789263877094,
+                              17.61299725729657,
+                              17.193822383310739,
+                              18.135232149567674,
+                              13.1215560198976,
+                              12.517509174990913,
+                              0,
+                              0,
+                              0,
+                              0,
+                              0,
+                              0,
+                              0,
+                              0,
+                              0,
+                              0,
+                              0,
+                              0};
+  std::vector<double> c(22, 0.0);
+  std::fill(c.begin(), c.begin() + 5, 1.0);
+  c[21] = -64.0;
+  std::vector<double> A(rows.size() * c.size(), 0.0), x;
+  for (std::size_t r = 0; r < rows.size(); ++r)
+    for (const auto& [j, v] : rows[r]) A[r * c.size() + static_cast<std::size_t>(j)] = v;
+  EXPECT_NEAR(solve::small_lp_max(A, b, c, &x), 1113.2591300919262, 1e-7);
+  for (std::size_t r = 0; r < rows.size(); ++r) {  // the point it returns is feasible
+    double lhs = 0.0;
+    for (const auto& [j, v] : rows[r]) lhs += v * x[static_cast<std::size_t>(j)];
+    EXPECT_LE(lhs, b[r] + 1e-9) << r;
+  }
+}
+
 // The room beside giants: hand values (pp = 1 runs everything in series, so room = S - sum t; no giant leaves pp S,
 // the last stage's share of a fluid; a giant of time S leaves nothing), the table against the exact solve, and
 // validity against discrete lists: random other microbatches around the giants (and growth of the giants), kept

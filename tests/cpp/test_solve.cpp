@@ -453,12 +453,12 @@ TEST(LowerBound, RingsThatPairwiseShareRanksChain) {
   const double best = cost.time(g, 8, c);
   for (int d = 5; d < 8; ++d) ASSERT_GT(cost.time(g, d, c), best);
   const auto terms = pipelined_bound_terms(b, c, cost, 4);
-  EXPECT_LE(terms.cover, 1.5 * best);  // a bisection to 1e-5 of its upper end
-  EXPECT_NEAR(terms.cover, 1.5 * best, 2e-5 * best);
+  EXPECT_LE(terms.cover, 1.5 * best);  // a bisection to 1e-4 of its upper end
+  EXPECT_NEAR(terms.cover, 1.5 * best, 2e-4 * best);
   EXPECT_NEAR(terms.shared, 1.25 * best, 1e-12);  // the pair argument alone
   PlanOptions o;
   o.pp = 4;
-  EXPECT_NEAR(lower_bound(b, c, cost, o), 1.5 * best, 2e-5 * best);
+  EXPECT_NEAR(lower_bound(b, c, cost, o), 1.5 * best, 2e-4 * best);
   Plan hand;
   hand.strategy = "hand";
   hand.num_ranks = 8;
@@ -486,6 +486,47 @@ TEST(LowerBound, RankLpPricesEachRingAtOneDegree) {
   EXPECT_GT(terms.cover, 4.64);
   EXPECT_GT(terms.cover, 1.1 * terms.shared);
   EXPECT_EQ(pipelined_bound_terms(b, c, cost, 4, 1, /*with_cover=*/false).cover, 0.0);
+  PlanOptions o;
+  o.pp = 4;
+  o.strategy = "dynacp";
+  const Plan p = plan(b, c, cost, o);
+  EXPECT_DOUBLE_EQ(p.predicted.lower_bound, terms.cover);
+  EXPECT_GE(p.predicted.step_time, p.predicted.lower_bound);
+}
+
+TEST(LowerBound, RankLpPricesLoneRanksAtTheirDegree) {
+  // wlbllm's batch 0 giants (92K, 91K, 70K, 69K, 56K, 38K tokens) and 400 short sequences on 64 ranks at pp = 4.
+  // A rank that holds a giant alone loses the capacity the giant's time leaves, which falls with the giant's degree:
+  // priced at the best degree of a quarter of its range (d1 ranks at d2's loss) the bound was 0.8806 s; in three
+  // pieces per range (and ranges at equal steps of time) it is 0.8968 s. The plan dynacp finds stays above it.
+  CostModel cost;
+  const Cluster c = make_cluster(64, 8, 16384, cost);
+  Batch b;
+  b.lengths = {92680, 91275, 69972, 68542, 56264, 38200};
+  for (int i = 0; i < 400; ++i) b.lengths.push_back(4500);
+  const auto terms = pipelined_bound_terms(b, c, cost, 4);
+  EXPECT_GT(terms.cover, 0.895);
+  PlanOptions o;
+  o.pp = 4;
+  o.strategy = "dynacp";
+  const Plan p = plan(b, c, cost, o);
+  EXPECT_DOUBLE_EQ(p.predicted.lower_bound, terms.cover);
+  EXPECT_GE(p.predicted.step_time, p.predicted.lower_bound);
+}
+
+TEST(LowerBound, AGroupOfSeveralGiantsTakesCapacity) {
+  // github's batch 3 giants (229K, 198K, 172K, 160K tokens), 40 sequences of 30K and 229 of 3K on 64 ranks at
+  // pp = 4. The cover term once took a group holding several of its sequences to cost the other work nothing, and
+  // its witness held the 160K and a 30K sequence in one 15-rank group: 2.0833 s. Priced by the group's own time and
+  // what its other members may hide, like a ring of one, the bound rises past 2.12 s. dynacp's plan stays above.
+  CostModel cost;
+  const Cluster c = make_cluster(64, 8, 16384, cost);
+  Batch b;
+  b.lengths = {228652, 197795, 172480, 160334};
+  for (int i = 0; i < 40; ++i) b.lengths.push_back(30000);
+  for (int i = 0; i < 229; ++i) b.lengths.push_back(3000);
+  const auto terms = pipelined_bound_terms(b, c, cost, 4);
+  EXPECT_GT(terms.cover, 2.12);
   PlanOptions o;
   o.pp = 4;
   o.strategy = "dynacp";
