@@ -112,24 +112,28 @@ void bind_solve(py::module_& m) {
       .value("VARIABLE", CountPolicy::Variable, "ranks with cheaper microbatches run more of them (ByteScale HDP)");
 
   py::class_<PlanOptions>(m, "PlanOptions", "Strategy and pipeline options of one planning call.")
-      .def(py::init([](std::string strategy, int pp, int vpp, CountPolicy count_policy) {
+      .def(py::init([](std::string strategy, int pp, int vpp, CountPolicy count_policy, bool tight_bound) {
              PlanOptions o;
              o.strategy = std::move(strategy);
              o.pp = pp;
              o.vpp = vpp;
              o.count_policy = count_policy;
+             o.tight_bound = tight_bound;
              return o;
            }),
            py::arg("strategy") = "fcp", py::arg("pp") = 1, py::arg("vpp") = 1,
-           py::arg("count_policy") = CountPolicy::Variable)
+           py::arg("count_policy") = CountPolicy::Variable, py::arg("tight_bound") = true)
       .def_readwrite("strategy", &PlanOptions::strategy, "registry name (see strategy_names())")
       .def_readwrite("pp", &PlanOptions::pp, "pipeline stages per rank of the pool")
       .def_readwrite("vpp", &PlanOptions::vpp, "virtual stages per pipeline stage")
       .def_readwrite("count_policy", &PlanOptions::count_policy, "equal or variable microbatch counts")
+      .def_readwrite("tight_bound", &PlanOptions::tight_bound,
+                     "include the lower bound's cover term (pp > 1): tightest, slowest; the plan is the same")
       .def("__repr__", [](const PlanOptions& o) {
         return "PlanOptions(strategy='" + o.strategy + "', pp=" + std::to_string(o.pp) +
                ", vpp=" + std::to_string(o.vpp) +
-               ", count_policy=" + (o.count_policy == CountPolicy::Equal ? "EQUAL" : "VARIABLE") + ")";
+               ", count_policy=" + (o.count_policy == CountPolicy::Equal ? "EQUAL" : "VARIABLE") +
+               ", tight_bound=" + (o.tight_bound ? "True" : "False") + ")";
       });
 
   py::class_<Group>(m, "Group", "One CP group: a ring of ranks over a THD pack of sequence ids.")
@@ -215,12 +219,14 @@ void bind_solve(py::module_& m) {
   m.def(
       "lower_bound",
       [](const py::object& lengths, const Cluster& cluster, const CostModel& cost, const py::object& masks, int pp,
-         int vpp) {
+         int vpp, bool tight_bound) {
         if (pp < 1 || vpp < 1) throw InvalidArgument("lower_bound: pp and vpp must be >= 1");
-        return solve::lower_bound(make_batch(lengths, masks), cluster, cost, pp, vpp);
+        const Batch b = make_batch(lengths, masks);
+        py::gil_scoped_release nogil;
+        return solve::lower_bound(b, cluster, cost, pp, vpp, tight_bound);
       },
       py::arg("lengths"), py::arg("cluster"), py::arg("cost"), py::arg("masks") = py::none(), py::arg("pp") = 1,
-      py::arg("vpp") = 1);
+      py::arg("vpp") = 1, py::arg("tight_bound") = true);
 
   // Low-level pieces, exposed for tests and notebooks.
   m.def(

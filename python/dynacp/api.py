@@ -44,6 +44,7 @@ def plan(
     pp: int = 1,
     vpp: int = 1,
     count_policy: Union[str, _core.CountPolicy] = "variable",
+    tight_bound: bool = True,
 ) -> _core.Plan:
     """Plan one global batch.
 
@@ -55,6 +56,9 @@ def plan(
         masks: optional per-sequence mask, 0 = causal, 1 = full (bidirectional); default all causal.
         pp, vpp: pipeline stages per rank and virtual stages per stage.
         count_policy: ``"equal"`` or ``"variable"`` microbatch counts per rank (pipeline strategies).
+        tight_bound: whether ``predicted.lower_bound`` includes the cover term (pp > 1, vpp = 1), the tightest and
+            slowest part of the bound (up to about a second at 64 ranks, pp = 4). ``False`` reports the looser bound
+            of the other terms; the plan itself is the same either way.
 
     Returns:
         A validated :class:`dynacp.Plan` with ``predicted`` filled.
@@ -68,7 +72,7 @@ def plan(
     """
     arr = _as_lengths(lengths)
     policy = _count_policy(count_policy)
-    options = _core.PlanOptions(strategy=strategy, pp=pp, vpp=vpp, count_policy=policy)
+    options = _core.PlanOptions(strategy=strategy, pp=pp, vpp=vpp, count_policy=policy, tight_bound=tight_bound)
     return _core.plan(arr, cluster or _core.Cluster(), cost or _core.CostModel(), options, _as_masks(masks, arr.size))
 
 
@@ -81,10 +85,11 @@ def predict(
     masks: Optional[ArrayLike] = None,
     pp: int = 1,
     vpp: int = 1,
+    tight_bound: bool = True,
 ) -> _core.Predicted:
-    """Re-predict an existing plan (e.g. one read from JSON) under a cost model."""
+    """Re-predict an existing plan (e.g. one read from JSON) under a cost model (``tight_bound`` as in :func:`plan`)."""
     arr = _as_lengths(lengths)
-    options = _core.PlanOptions(strategy=plan_.strategy, pp=pp, vpp=vpp)
+    options = _core.PlanOptions(strategy=plan_.strategy, pp=pp, vpp=vpp, tight_bound=tight_bound)
     return _core.predict(plan_, arr, cluster or _core.Cluster(), cost or _core.CostModel(), options,
                          _as_masks(masks, arr.size))
 
@@ -97,17 +102,19 @@ def lower_bound(
     masks: Optional[ArrayLike] = None,
     pp: int = 1,
     vpp: int = 1,
+    tight_bound: bool = True,
 ) -> float:
     """Seconds no plan of this batch can beat on pipelines of ``pp`` stages (``vpp`` virtual chunks each).
 
     pp = 1: max(total work / P + c, best time of the longest sequence, ...). pp > 1 adds the pipeline fill and
     drain; for 1F1B (vpp = 1) also the best split of the mean work into microbatches, the longest sequence's
     microbatch with the other work its ranks run, and the hardest few sequences either meeting on a rank or running on
-    disjoint rings (docs/cost_model.md). It equals ``plan(...).predicted.lower_bound``.
+    disjoint rings (docs/cost_model.md). It equals ``plan(...).predicted.lower_bound`` (with the same
+    ``tight_bound``: ``False`` leaves out the cover term, the slowest part).
     """
     arr = _as_lengths(lengths)
     return _core.lower_bound(arr, cluster or _core.Cluster(), cost or _core.CostModel(), _as_masks(masks, arr.size),
-                             int(pp), int(vpp))
+                             int(pp), int(vpp), bool(tight_bound))
 
 
 def _count_policy(value: Union[str, _core.CountPolicy]) -> _core.CountPolicy:

@@ -12,7 +12,7 @@
 namespace dynacp {
 
 double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options) {
-  return solve::lower_bound(batch, cluster, cost, options.pp, options.vpp);
+  return solve::lower_bound(batch, cluster, cost, options.pp, options.vpp, options.tight_bound);
 }
 
 namespace {

@@ -49,8 +49,9 @@ double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& 
   return std::max({t.average, t.single, t.wide});
 }
 
-double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, int vpp) {
-  const auto b = pipelined_bound_terms(batch, cluster, cost, pp, vpp);
+double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, int vpp,
+                   bool with_cover) {
+  const auto b = pipelined_bound_terms(batch, cluster, cost, pp, vpp, with_cover);
   return std::max({b.single, b.wide, b.average, b.critical, b.shared, b.cover});
 }
 

@@ -533,6 +533,15 @@ TEST(LowerBound, AGroupOfSeveralGiantsTakesCapacity) {
   const Plan p = plan(b, c, cost, o);
   EXPECT_DOUBLE_EQ(p.predicted.lower_bound, terms.cover);
   EXPECT_GE(p.predicted.step_time, p.predicted.lower_bound);
+  // tight_bound = false: the same plan, reported against the bound of the other terms
+  o.tight_bound = false;
+  const Plan q = plan(b, c, cost, o);
+  EXPECT_EQ(q.digest(), p.digest());
+  EXPECT_DOUBLE_EQ(q.predicted.step_time, p.predicted.step_time);
+  const double loose = std::max({terms.single, terms.wide, terms.average, terms.critical, terms.shared});
+  EXPECT_DOUBLE_EQ(q.predicted.lower_bound, loose);
+  EXPECT_DOUBLE_EQ(lower_bound(b, c, cost, o), loose);
+  EXPECT_LT(loose, terms.cover);
 }
 
 TEST(LowerBound, NoHandPlanOfFewRingsBeatsThePipelinedBound) {

@@ -153,3 +153,25 @@ def test_lower_bound_matches_the_plans_bound_with_pipelines() -> None:
     assert dynacp.lower_bound(lengths, cluster, cost, pp=4, vpp=2) <= dynacp.lower_bound(lengths, cluster, cost, pp=4)
     with pytest.raises(ValueError, match="pp and vpp"):
         dynacp.lower_bound(lengths, cluster, cost, pp=0)
+
+
+def test_tight_bound_off_keeps_the_plan_and_reports_a_looser_bound() -> None:
+    # github batch 3's four giants with 30K and 3K sequences (tests/cpp/test_solve.cpp,
+    # AGroupOfSeveralGiantsTakesCapacity): the cover term lifts the bound past 2.12 s, the other terms stay below
+    cluster = dynacp.Cluster(num_ranks=64, ranks_per_node=8, activation_budget=16384 * dynacp.CostModel().mem_per_token)
+    cost = dynacp.CostModel()
+    lengths = np.array([228652, 197795, 172480, 160334] + [30000] * 40 + [3000] * 229)
+    tight = dynacp.plan(lengths, cluster, cost, "dynacp", pp=4)
+    loose = dynacp.plan(lengths, cluster, cost, "dynacp", pp=4, tight_bound=False)
+    assert loose.digest() == tight.digest()
+    assert loose.predicted.step_time == tight.predicted.step_time
+    assert loose.predicted.lower_bound < 2.12 < tight.predicted.lower_bound <= tight.predicted.step_time
+    assert dynacp.lower_bound(lengths, cluster, cost, pp=4, tight_bound=False) == loose.predicted.lower_bound
+    again = dynacp.predict(tight, lengths, cluster, cost, pp=4, tight_bound=False)
+    assert again.lower_bound == loose.predicted.lower_bound
+    assert "tight_bound=False" in repr(dynacp.PlanOptions(pp=4, tight_bound=False))
+    # the training-loop planner leaves it off: it never reads the bound
+    pytest.importorskip("torch")
+    from dynacp.integration.config import Planner
+
+    assert Planner().tight_bound is False

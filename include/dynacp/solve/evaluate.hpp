@@ -23,7 +23,8 @@ double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& 
 /// other work its ranks must run, the hardest few sequences either on disjoint rings or two meeting on a rank, and
 /// the chains of the hardest five along the ranks their rings share; equals lower_bound() for pp = 1. See
 /// docs/cost_model.md for the proofs.
-double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, int vpp = 1);
+double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, int vpp = 1,
+                   bool with_cover = true);
 
 struct PipelinedBoundTerms {
   double single = 0.0;    ///< best time of the hardest sequence alone (its microbatch crosses every stage)

@@ -16,6 +16,10 @@ struct PlanOptions {
   int pp = 1;                                        ///< pipeline stages per rank of the pool
   int vpp = 1;                                       ///< virtual stages per pipeline stage (interleaved 1F1B)
   CountPolicy count_policy = CountPolicy::Variable;  ///< equal or per-rank microbatch counts (pp > 1)
+  /// Whether predicted.lower_bound includes the cover term (pp > 1, vpp = 1): the tightest term and by far the
+  /// slowest (up to about a second at P = 64, pp = 4). false reports the bound of the other terms, still a bound; the
+  /// plan is the same either way (no strategy reads the cover term).
+  bool tight_bound = true;
   /// How strategies that weigh several candidate plans score them (lower is better). dynacp::plan sets it to the
   /// full prediction (pipeline simulator when pp > 1); empty means the group-timeline step time.
   std::function<double(const Plan&)> score;

@@ -39,6 +39,10 @@ class Planner:
     """Virtual pipeline stages per stage (the scheduler's ``vpp``)."""
     count_policy: str = "variable"
     """``"equal"``: every rank runs the same number of microbatches; ``"variable"``: counts may differ per rank."""
+    tight_bound: bool = False
+    """Whether each plan's ``predicted.lower_bound`` includes the bound's cover term (pp > 1): the tightest and
+    slowest part, up to about a second per global batch at 64 ranks, pp = 4. The loop never reads the bound, so it
+    is off; the plan is the same either way (see :func:`dynacp.plan`)."""
     timeout: float = 300.0
     """Seconds any collective of the wrapper may take (group creation, p2p, object gathers) before failing."""
     async_planning: bool = True
@@ -63,7 +67,8 @@ class Planner:
         if self.plan_fn is not None:
             return self.plan_fn(lengths)
         return dynacp.plan(lengths, cluster=self.resolved_cluster(pool_size), cost=self.cost or dynacp.CostModel(),
-                           strategy=self.strategy, pp=self.pp, vpp=self.vpp, count_policy=self.count_policy)
+                           strategy=self.strategy, pp=self.pp, vpp=self.vpp, count_policy=self.count_policy,
+                           tight_bound=self.tight_bound)
 
     def fingerprint(self) -> str:
         """A short stable hash of everything that determines the plan (for the cross-rank check)."""
