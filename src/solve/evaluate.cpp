@@ -138,14 +138,15 @@ struct OtherWork {
   std::vector<std::vector<double>> loss;
 };
 
-// Per unit u (a mask of the cover sequences in one group) and degree d, whatever the step: hid[u][d] = E, the work
-// its other co-members may hide, and load[u][d] = t - c - E, the work its microbatch puts on each of its ranks
-// (infinite below its least degree).
+// Per unit u (a mask of the cover sequences in one group) and degree d, whatever the step: time[u][d] = t, its
+// group's fastest time on exactly d ranks, hid[u][d] = E, the work its other co-members may hide, and load[u][d] =
+// t - c - E, the work its microbatch puts on each of its ranks (t and load infinite below its least degree).
 struct GiantShares {
-  std::vector<std::vector<double>> hid, load;
+  std::vector<std::vector<double>> time, hid, load;
 };
 
-// The cover term over the k <= kCoverUnits hardest sequences (docs/cost_model.md, "cover"). A plan puts them
+// The cover term over the k <= kCoverUnits hardest sequences (docs/cost_model.md, "cover"; their groups' times and
+// shares in `shares`, by mask). A plan puts them
 // in units (a unit: one group holding one or more of them - a set partition), each on d_u ranks with time >= T_u(d)
 // (T_u nonincreasing: the fastest time on at most d ranks). Units sharing a rank run in one order on all the ranks
 // they share (the plan's group order is acyclic, or the forwards would deadlock) and a unit's ops are joint nodes of
@@ -157,21 +158,15 @@ struct GiantShares {
 // in; each path is then checked at those upper degrees. The other work must fit too: a rank of unit u runs at most
 // C(S) - loss_u of it (the critical-sequence argument, for any microbatch, whatever else the rank runs), so the ranks
 // of an independent set lose the sum of their losses. A unit of several sequences is priced by its group's time.
-double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp,
-                  const std::vector<std::size_t>& ids, int units, const std::function<OtherWork(double)>& other,
-                  double from, const ChainRoom& fluid_room, const GiantShares& shares) {
-  const int k = std::min<int>(units, static_cast<int>(ids.size()));
+double cover_term(const Cluster& cluster, int pp, int k, const std::function<OtherWork(double)>& other, double from,
+                  const ChainRoom& fluid_room, const GiantShares& shares) {
   const int P = cluster.num_ranks;
   if (k < 2) return 0.0;
   constexpr long kVisits = 50000;  // share graphs tried per step S, over all partitions and orders
   // time[d] for d = 0..P: the fastest time on at most d ranks (infinite below the least degree)
   auto curve = [&](int members) {
-    GroupStats g;
-    for (int i = 0; i < k; ++i)
-      if (members >> i & 1) g.add(batch.lengths[ids[i]], cost.eta(batch.mask(ids[i])));
-    std::vector<double> t(static_cast<std::size_t>(P) + 1, std::numeric_limits<double>::infinity());
-    for (int d = std::max(1, cost.min_degree(g.tokens, cluster)); d <= P; ++d)
-      t[d] = std::min(t[d - 1], fastest(cost, cluster, g, d));
+    std::vector<double> t = shares.time[static_cast<std::size_t>(members)];
+    for (int d = 1; d <= P; ++d) t[d] = std::min(t[d - 1], t[d]);
     return t;
   };
   // Set partitions of the k sequences (restricted growth strings), as unit member masks.
@@ -253,7 +248,7 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
   // prices each clique at one range per member and counts each range's ranks apart (a ring has one degree); a unit of
   // several sequences keeps its whole degree range. Where the LP fails, any H that works shares more, so the search
   // adds each pair that can chain within S at its best times.
-  constexpr int kVersions = 8;              // degree ranges per giant, for the cliques of the fine LP
+  constexpr int kRanges = 8;                // degree ranges per giant, for the cliques of the fine LP
   constexpr int kPieces = 3;                // pieces per range, for the ranks a giant holds alone
   constexpr long kFits = 300;               // distinct rank LPs of each kind solved per step S
   constexpr std::size_t kFineKinds = 2048;  // the most clique kinds of a fine LP
@@ -341,7 +336,7 @@ double cover_term(const Batch& batch, const Cluster& cluster, const CostModel& c
     std::vector<int> of[8];  // the ranges of each single-sequence unit
     for (int x = 0; x < n; ++x) {
       if (std::popcount(static_cast<unsigned>(part[x])) != 1) continue;
-      const int span = upper[x] - deg_of[x] + 1, cuts = std::min(kVersions, span);
+      const int span = upper[x] - deg_of[x] + 1, cuts = std::min(kRanges, span);
       // range bounds at equal steps of the unit's time (it falls fastest near the least degree)
       const auto& tc = curves[part[x]];
       std::vector<int> bound{deg_of[x]};
@@ -710,15 +705,19 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
     return hi;
   };
   // The work giant i's co-members on d ranks (time t) may hide, with co-members outside the first m giants.
-  auto hidden = [&](std::size_t i, int d, double t, std::size_t m) {
-    return std::min(std::max(0.0, t - w[i] / d - c), hide(batch.lengths[ids[i]], d, member[m]));
+  // (of a group of `tokens` and `work` in all, alone or with several giants)
+  auto hidden_in = [&](double work, std::int64_t tokens, int d, double t, std::size_t m) {
+    return std::min(std::max(0.0, t - work / d - c), hide(tokens, d, member[m]));
   };
-  // The most other work a rank of giant i on d ranks (time t) may run within S, C = C(S): the critical-sequence
-  // argument, E capped by HideCap; < 0 when the giant alone does not fit.
-  auto room = [&](std::size_t i, int d, double t, double S, double C, std::size_t m) {
-    const double E = hidden(i, d, t, m);
+  // The most other work a rank of a microbatch of time t, whose co-members may hide E, may run within S, C = C(S):
+  // the critical-sequence argument; < 0 when the microbatch alone does not fit.
+  auto room_beside = [&](double t, double E, double S, double C) {
     const double fluid = fluid_room(t, S);
     return fluid < 0.0 ? -1.0 : std::min(fluid + E, C - (t - c - E));
+  };
+  // ... of giant i on d ranks (time t), with co-members outside the first m giants
+  auto room = [&](std::size_t i, int d, double t, double S, double C, std::size_t m) {
+    return room_beside(t, hidden_in(w[i], batch.lengths[ids[i]], d, t, m), S, C);
   };
   auto fits = [&](std::size_t m, double S) {  // the first m giants on disjoint rings, everything done by S
     const double C = capacity(S);
@@ -772,7 +771,6 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
     }
     out = std::max(out, std::min(meet, disjoint));
   }
-  const std::vector<std::size_t> top(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k));
   constexpr int kCoverUnits = 5;  // 6 raises longcontext's bounds by under 1 % at 10x the time
   const std::size_t units = std::min<std::size_t>(k, kCoverUnits);
   // Every unit (a group holding some of the cover sequences): its time on exactly d ranks, and what its other
@@ -781,8 +779,8 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
   const std::size_t masks = std::size_t{1} << units;
   const double inf = std::numeric_limits<double>::infinity();
   GiantShares shares;
-  std::vector<std::vector<double>> unit_time(masks, std::vector<double>(static_cast<std::size_t>(P) + 1, inf));
   std::vector<int> unit_dmin(masks, P + 1);
+  shares.time.assign(masks, std::vector<double>(static_cast<std::size_t>(P) + 1, inf));
   shares.hid.assign(masks, std::vector<double>(static_cast<std::size_t>(P) + 1, 0.0));
   shares.load.assign(masks, std::vector<double>(static_cast<std::size_t>(P) + 1, inf));
   for (std::size_t u = 1; u < masks; ++u) {
@@ -794,8 +792,8 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
     for (int d = unit_dmin[u]; d <= P; ++d) {
       const double t = std::popcount(u) == 1 ? time[std::countr_zero(u)][d - dmin[std::countr_zero(u)]]
                                              : fastest(cost, cluster, g, d);
-      const double E = std::min(std::max(0.0, t - work_u / d - c), hide(g.tokens, d, member[units]));
-      unit_time[u][d] = t, shares.hid[u][d] = E, shares.load[u][d] = t - c - E;
+      const double E = hidden_in(work_u, g.tokens, d, t, units);
+      shares.time[u][d] = t, shares.hid[u][d] = E, shares.load[u][d] = t - c - E;
     }
   }
   auto other = [&](double S) {  // as in fits(): each giant's ranks lose C(S) - room of the pool
@@ -812,18 +810,16 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
     for (std::size_t u = 1; u < masks; ++u)
       for (int d = P; d >= 0; --d) {
         double l = o.loss[u][d + 1];
-        if (d >= unit_dmin[u] && unit_time[u][d] <= S) {
-          const double fluid = fluid_room(unit_time[u][d], S);
-          const double r = fluid < 0.0 ? -1.0 : std::min(fluid + shares.hid[u][d], C - shares.load[u][d]);
-          if (r >= 0) l = std::min(l, d * (C - r));
-        }
+        if (d >= unit_dmin[u] && shares.time[u][d] <= S)
+          if (const double r = room_beside(shares.time[u][d], shares.hid[u][d], S, C); r >= 0)
+            l = std::min(l, d * (C - r));
         o.loss[u][d] = l;
       }
     o.budget = P * C - rest;
     return o;
   };
   if (!with_cover) return {out, 0.0};
-  const double cover = cover_term(batch, cluster, cost, pp, top, kCoverUnits, other, out, fluid_room, shares);
+  const double cover = cover_term(cluster, pp, static_cast<int>(units), other, out, fluid_room, shares);
   return {out, cover};
 }
 

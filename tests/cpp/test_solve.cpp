@@ -473,6 +473,17 @@ TEST(LowerBound, RingsThatPairwiseShareRanksChain) {
   EXPECT_GE(predict(hand, b, c, cost, o).step_time, 1.5 * best);
 }
 
+// dynacp's plan at pp = 4 reports the cover term as its bound and stays above it.
+Plan expect_dynacp_above_cover(const Batch& b, const Cluster& c, const CostModel& cost, double cover) {
+  PlanOptions o;
+  o.pp = 4;
+  o.strategy = "dynacp";
+  Plan p = plan(b, c, cost, o);
+  EXPECT_DOUBLE_EQ(p.predicted.lower_bound, cover);
+  EXPECT_GE(p.predicted.step_time, p.predicted.lower_bound);
+  return p;
+}
+
 TEST(LowerBound, RankLpPricesEachRingAtOneDegree) {
   // Six rings of 183-399K tokens (longcontext's batch 1) on 64 ranks: their memory alone needs 115 ranks, so ranks
   // hold two or three of them. The coarse rank LP prices a rank that holds several at the rings' fastest times
@@ -487,12 +498,7 @@ TEST(LowerBound, RankLpPricesEachRingAtOneDegree) {
   EXPECT_GT(terms.cover, 4.64);
   EXPECT_GT(terms.cover, 1.1 * terms.shared);
   EXPECT_EQ(pipelined_bound_terms(b, c, cost, 4, 1, /*with_cover=*/false).cover, 0.0);
-  PlanOptions o;
-  o.pp = 4;
-  o.strategy = "dynacp";
-  const Plan p = plan(b, c, cost, o);
-  EXPECT_DOUBLE_EQ(p.predicted.lower_bound, terms.cover);
-  EXPECT_GE(p.predicted.step_time, p.predicted.lower_bound);
+  expect_dynacp_above_cover(b, c, cost, terms.cover);
 }
 
 TEST(LowerBound, RankLpPricesLoneRanksAtTheirDegree) {
@@ -507,12 +513,7 @@ TEST(LowerBound, RankLpPricesLoneRanksAtTheirDegree) {
   for (int i = 0; i < 400; ++i) b.lengths.push_back(4500);
   const auto terms = pipelined_bound_terms(b, c, cost, 4);
   EXPECT_GT(terms.cover, 0.895);
-  PlanOptions o;
-  o.pp = 4;
-  o.strategy = "dynacp";
-  const Plan p = plan(b, c, cost, o);
-  EXPECT_DOUBLE_EQ(p.predicted.lower_bound, terms.cover);
-  EXPECT_GE(p.predicted.step_time, p.predicted.lower_bound);
+  expect_dynacp_above_cover(b, c, cost, terms.cover);
 }
 
 TEST(LowerBound, AGroupOfSeveralGiantsTakesCapacity) {
@@ -528,13 +529,11 @@ TEST(LowerBound, AGroupOfSeveralGiantsTakesCapacity) {
   for (int i = 0; i < 229; ++i) b.lengths.push_back(3000);
   const auto terms = pipelined_bound_terms(b, c, cost, 4);
   EXPECT_GT(terms.cover, 2.12);
+  const Plan p = expect_dynacp_above_cover(b, c, cost, terms.cover);
+  // tight_bound = false: the same plan, reported against the bound of the other terms
   PlanOptions o;
   o.pp = 4;
   o.strategy = "dynacp";
-  const Plan p = plan(b, c, cost, o);
-  EXPECT_DOUBLE_EQ(p.predicted.lower_bound, terms.cover);
-  EXPECT_GE(p.predicted.step_time, p.predicted.lower_bound);
-  // tight_bound = false: the same plan, reported against the bound of the other terms
   o.tight_bound = false;
   const Plan q = plan(b, c, cost, o);
   EXPECT_EQ(q.digest(), p.digest());
