@@ -12,6 +12,7 @@
 // against the 1F1B estimate (S + (pp - 1) M) / pp (Builder::pipelined), every one scored by the pipeline simulator.
 // The other strategies' plans are candidates too, so dynacp is never worse. See docs/strategies.md.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -200,7 +201,8 @@ class Builder {
     std::size_t seq;
     int d;        // the degree that reaches tau (or the fastest)
     double t;     // T(s, d)
-    int at = -1;  // first of its d consecutive ranks when fixed (shelves()), else -1: the picker chooses
+    int at = -1;  // first of its d consecutive ranks when fixed (shelves(), pipelined_shelves()), else -1: the
+                  // picker chooses
   };
 
   /// What a build for tau depends on: the ring sequences and their degrees.
@@ -425,6 +427,7 @@ class Builder {
     bool align = false;      ///< rings onto the ranks with the fewest rings first
     bool isolate = false;    ///< the slowest rings keep their ranks from other rings
     bool tile = false;       ///< wide rings on a power-of-two number of whole nodes
+    const std::vector<Ring>* fixed = nullptr;  ///< rings placed first, in this order, at their `at` (shelves)
   };
 
   /// A pipelined plan with per-rank microbatch lists for microbatch target `mu`. Under 1F1B a rank whose
@@ -458,12 +461,20 @@ class Builder {
     const double c = cost_.group_overhead;
     std::vector<std::size_t> shorts;
     std::vector<Ring> rings = pipelined_rings(target, mu, shorts, tile);
+    if (spec.fixed) {  // their sequences leave the ring and short lists; they go first below
+      auto is_fixed = [&](std::size_t seq) {
+        return std::any_of(spec.fixed->begin(), spec.fixed->end(), [&](const Ring& f) { return f.seq == seq; });
+      };
+      std::erase_if(rings, [&](const Ring& r) { return is_fixed(r.seq); });
+      std::erase_if(shorts, is_fixed);
+    }
     std::stable_sort(rings.begin(), rings.end(), [](const Ring& a, const Ring& b) { return a.t * a.d > b.t * b.d; });
     // isolate: the slowest rings (within kIsolate of the slowest) go first and keep their ranks from other rings
     double slowest = 0.0;
     for (const auto& ring : rings) slowest = std::max(slowest, ring.t);
     auto critical = [&](const Ring& r) { return isolate && r.t >= kIsolate * slowest; };
     std::stable_partition(rings.begin(), rings.end(), critical);
+    if (spec.fixed) rings.insert(rings.begin(), spec.fixed->begin(), spec.fixed->end());
     std::vector<double> S(static_cast<std::size_t>(P), 0.0), M(static_cast<std::size_t>(P), 0.0);
     auto est = [&](std::size_t r) { return (S[r] + (pp - 1) * M[r]) / pp; };
     std::vector<double> key(static_cast<std::size_t>(P), 0.0);
@@ -479,7 +490,9 @@ class Builder {
     if (!rings.empty()) {
       NodePicker picker(P, rpn);
       for (const auto& ring : rings) {
-        auto ranks = picker.pick(ring.d, key);
+        std::vector<int> ranks(static_cast<std::size_t>(ring.at >= 0 ? ring.d : 0));
+        std::iota(ranks.begin(), ranks.end(), ring.at);
+        if (ring.at < 0) ranks = picker.pick(ring.d, key);
         int round = 0;
         for (int r : ranks) round = std::max(round, rings_on[static_cast<std::size_t>(r)]);
         for (int r : ranks) {
@@ -819,12 +832,137 @@ class Builder {
     return out;
   }
 
+  /// Shelf layouts for pipelined plans (pp > 1): the giants - the hardest sequences (at most kShelfGiants) whose
+  /// memory needs more than a node - are split into shelves of one to three rings side by side on consecutive ranks
+  /// (a lone ring at its fastest degree; two or three at the degrees, summing to at most P, that make the shelf's
+  /// slowest ring fastest), and every rank runs the shelves one after the other. Each rank then runs one ring per
+  /// shelf it is covered in, and the rings' 1F1B chain floor on the rank (one_f_one_b_chain_floor) is the layout's
+  /// score at that rank; layouts are ranked by their worst rank, and the best `keep` (distinct) are returned, each as
+  /// its rings in shelf order with their places. Every order of up to kShelfOrders shelves is tried (more: the
+  /// rise-then-fall order of their times), with the rings of alternate shelves placed from either end of the pool.
+  /// Empty when fewer than two giants crowd the pool (their least degrees sum to at most P).
+  std::vector<std::vector<Ring>> pipelined_shelves(int pp, std::size_t keep) const {
+    const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
+    std::vector<std::size_t> giants;
+    int crowd = 0;
+    for (std::size_t i : order_)
+      if (seqs_[i].dmin > rpn && giants.size() < kShelfGiants) giants.push_back(i), crowd += seqs_[i].dmin;
+    if (giants.size() < 2 || crowd <= P) return {};
+    const std::size_t n = giants.size();
+    // T(giant, d) for d = 0..P (infinite below its least degree)
+    std::vector<std::vector<double>> T(
+        n, std::vector<double>(static_cast<std::size_t>(P) + 1, std::numeric_limits<double>::infinity()));
+    for (std::size_t g = 0; g < n; ++g)
+      for (int d = seqs_[giants[g]].dmin; d <= P; ++d) T[g][d] = time1(seqs_[giants[g]], d);
+    struct Shelf {
+      double t = 0.0;
+      std::vector<std::pair<std::size_t, int>> rings;  // (giant, degree), widest first
+    };
+    // the best degrees for a shelf of giants `members` (false when their least degrees exceed P)
+    auto best_shelf = [&](const std::vector<std::size_t>& members, Shelf& out) {
+      const double inf = std::numeric_limits<double>::infinity();
+      out = Shelf{inf, {}};
+      const std::size_t a = members[0];
+      const int lo_a = seqs_[giants[a]].dmin;
+      if (members.size() == 1) {
+        for (int d = lo_a; d <= P; ++d)
+          if (T[a][d] < out.t) out = Shelf{T[a][d], {{a, d}}};
+      } else if (members.size() == 2) {
+        const std::size_t b = members[1];
+        for (int d = lo_a; d + seqs_[giants[b]].dmin <= P; ++d)
+          if (const double t = std::max(T[a][d], T[b][P - d]); t < out.t) out = Shelf{t, {{a, d}, {b, P - d}}};
+      } else {
+        const std::size_t b = members[1], c = members[2];
+        const int lo_b = seqs_[giants[b]].dmin, lo_c = seqs_[giants[c]].dmin;
+        for (int d = lo_a; d + lo_b + lo_c <= P; ++d)
+          for (int e = lo_b; d + e + lo_c <= P; ++e)
+            if (const double t = std::max({T[a][d], T[b][e], T[c][P - d - e]}); t < out.t)
+              out = Shelf{t, {{a, d}, {b, e}, {c, P - d - e}}};
+      }
+      std::stable_sort(out.rings.begin(), out.rings.end(),
+                       [](const auto& x, const auto& y) { return x.second > y.second; });
+      return !out.rings.empty();
+    };
+    // Set partitions of the giants into blocks of at most three (restricted growth strings), each block a shelf.
+    std::vector<std::vector<Shelf>> partitions;
+    std::vector<int> rgs(n, 0);
+    while (true) {
+      const int blocks = *std::max_element(rgs.begin(), rgs.end()) + 1;
+      std::vector<std::vector<std::size_t>> members(static_cast<std::size_t>(blocks));
+      for (std::size_t g = 0; g < n; ++g) members[static_cast<std::size_t>(rgs[g])].push_back(g);
+      std::vector<Shelf> shelves(members.size());
+      bool ok = true;
+      for (std::size_t b = 0; b < members.size() && ok; ++b)
+        ok = members[b].size() <= 3 && best_shelf(members[b], shelves[b]);
+      if (ok) partitions.push_back(std::move(shelves));
+      std::size_t i = n - 1;
+      for (; i > 0; --i)
+        if (rgs[i] <= *std::max_element(rgs.begin(), rgs.begin() + static_cast<std::ptrdiff_t>(i))) break;
+      if (i == 0) break;
+      ++rgs[i];
+      std::fill(rgs.begin() + static_cast<std::ptrdiff_t>(i) + 1, rgs.end(), 0);
+    }
+    // The rings of the shelves in `order` (alternate: odd positions placed from the end of the pool), and the score:
+    // ranks between consecutive ring edges run the same rings, so one rank of each such run is scored.
+    auto layout = [&](const std::vector<Shelf>& shelves, const std::vector<std::size_t>& order, bool alternate) {
+      std::vector<Ring> rings;
+      for (std::size_t k = 0; k < order.size(); ++k) {
+        const Shelf& sh = shelves[order[k]];
+        int at = 0, width = 0;
+        for (const auto& [g, d] : sh.rings) width += d;
+        if (alternate && k % 2 == 1) at = P - width;
+        for (const auto& [g, d] : sh.rings) rings.push_back({giants[g], d, T[g][d], at}), at += d;
+      }
+      std::vector<int> cuts{0, P};
+      for (const auto& r : rings) cuts.push_back(r.at), cuts.push_back(r.at + r.d);
+      std::sort(cuts.begin(), cuts.end());
+      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+      double worst = 0.0;
+      std::vector<double> chain;
+      for (std::size_t j = 0; j + 1 < cuts.size(); ++j) {
+        chain.clear();
+        for (const auto& r : rings)
+          if (r.at <= cuts[j] && cuts[j] < r.at + r.d) chain.push_back(r.t);
+        if (!chain.empty()) worst = std::max(worst, one_f_one_b_chain_floor(chain, pp));
+      }
+      return std::pair<double, std::vector<Ring>>{worst, std::move(rings)};
+    };
+    std::vector<std::pair<double, std::vector<Ring>>> found;
+    for (const auto& shelves : partitions) {
+      std::vector<std::size_t> order(shelves.size());
+      std::iota(order.begin(), order.end(), std::size_t{0});
+      const bool all_orders = shelves.size() <= kShelfOrders;
+      if (!all_orders) {
+        std::vector<double> w;
+        for (const auto& sh : shelves) w.push_back(sh.t);
+        order = rise_then_fall(w, pp);
+      }
+      do {
+        for (bool alternate : {false, true}) found.push_back(layout(shelves, order, alternate));
+      } while (all_orders && std::next_permutation(order.begin(), order.end()));
+    }
+    std::stable_sort(found.begin(), found.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::vector<std::vector<Ring>> out;
+    for (auto& [score, rings] : found) {
+      if (out.size() == keep) break;
+      const bool repeat = std::any_of(out.begin(), out.end(), [&](const std::vector<Ring>& o) {
+        return std::equal(o.begin(), o.end(), rings.begin(), rings.end(),
+                          [](const Ring& x, const Ring& y) { return x.seq == y.seq && x.d == y.d && x.at == y.at; });
+      });
+      if (!repeat) out.push_back(std::move(rings));
+    }
+    return out;
+  }
+
   /// Builds the plan for target tau; returns its makespan and, if `out` is given, the plan.
   /// Ring placement orders tried: largest area (T d) first, longest first, widest first.
   static constexpr int kRingOrders = 3;
   static constexpr double kIsolate = 0.75;  // pipelined(isolate): rings this close to the slowest are critical
   /// Pools up to this many nodes get the full search for rings wider than a node (neighbour degrees, orders).
   static constexpr int kWideNodes = 128;
+  /// pipelined_shelves: the most giants, and the most shelves whose every order is tried.
+  static constexpr std::size_t kShelfGiants = 7;
+  static constexpr std::size_t kShelfOrders = 5;
 
   double build(double tau, int local_search_rounds, Plan* out, int ring_order = 0,
                const std::vector<Ring>* forced = nullptr) const {
@@ -1226,6 +1364,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     const bool fixed_counts = options.count_policy == CountPolicy::Equal || options.vpp > 1;
     constexpr int kMuGrid = 8;
     constexpr int kGiants = 3;
+    constexpr std::size_t kShelfLayouts = 8;  // the best shelf layouts built into plans
     // latency targets: f x a ring's fastest time, and f x the bound's scale in seconds
     auto targets_at = [](double scale) {
       std::vector<double> t;
@@ -1258,9 +1397,11 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       kBreakpoint,
       kTiled,
       kInterleaved,
+      kShelves,
+      kShelfLeads,
       kFamilies
     };
-    constexpr std::size_t kPlaces[kFamilies] = {3, 2, 1, 1, 1, 1, 2};
+    constexpr std::size_t kPlaces[kFamilies] = {3, 2, 1, 1, 1, 1, 2, 4, 2};
     std::vector<std::vector<std::pair<double, Plan>>> pools(kFamilies);
     auto keep = [&](Plan p, double t, Family family) {
       if (!std::isfinite(t) || !counts_ok(p, cluster.num_ranks, options)) return;
@@ -1377,6 +1518,25 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       Builder::Pipe isolated = base;
       isolated.isolate = true;
       add(isolated);
+    }
+    // Shelves (pipelined_shelves): giants side by side in shelves that every rank runs in turn, the other sequences
+    // packed as in the best plain build (its target, and its mu halved, kept or doubled), with the rank's own
+    // microbatches heaviest first or in pyramid order, or a profile lead before the first shelf (kShelves); or one
+    // lead microbatch of 0.6 or 0.3 of the first shelf's time (kShelfLeads, a family of their own: they score well
+    // before the slot-order polish but gain less from it, so they must not take the others' polish places).
+    if (options.vpp <= 1 && !trials.empty()) {
+      const Builder::Pipe base = trials.front().spec;  // trials are sorted: the best plain build
+      const auto layouts = b.pipelined_shelves(options.pp, kShelfLayouts);
+      for (const auto& rings : layouts)
+        for (double f : {0.5, 1.0, 2.0})
+          for (int variant = 0; variant < 5; ++variant) {
+            Builder::Pipe spec{.target = base.target, .mu = base.mu * f, .fixed = &rings};
+            if (variant == 1) spec.order = 1;
+            if (variant == 2) spec.lead = options.pp - 1, spec.lead_frac = -0.5;
+            if (variant == 3) spec.lead = 1, spec.lead_frac = 0.6;
+            if (variant == 4) spec.lead = 1, spec.lead_frac = 0.3;
+            add(spec, variant >= 3 ? kShelfLeads : kShelves);
+          }
     }
     for (auto& pool : pools)
       for (auto& [t, p] : pool) candidates.push_back(reorder_slots(std::move(p), t, batch, cluster, cost, options));

@@ -16,6 +16,7 @@
 #include "dynacp/model/error.hpp"
 #include "dynacp/sim/pipeline.hpp"
 #include "dynacp/sim/planner.hpp"
+#include "dynacp/solve/cover.hpp"
 #include "dynacp/solve/microbatch.hpp"
 #include "dynacp/solve/small_lp.hpp"
 #include "dynacp/solve/timeline.hpp"
@@ -1095,4 +1096,49 @@ TEST(Pipeline, RingOrderPolishPassesOtherRanksRings) {
   o1.score = [&](const Plan& p) { return predict(p, single, cl, cost, plain).step_time; };
   const Plan same = solve::reorder_rings(one, solve::score(one, single, cl, cost, o1), single, cl, cost, o1);
   EXPECT_EQ(same.digest(), one.digest());
+}
+
+namespace {
+
+// Two single-sequence units on P = 4 ranks with the given fastest times per degree (index d = 0..4, infinite below
+// the least degree), never in one group, and no other work: the cover term alone.
+double two_unit_cover(const std::vector<double>& t, int pp) {
+  const int P = 4;
+  const double inf = std::numeric_limits<double>::infinity();
+  dynacp::Cluster cluster;
+  cluster.num_ranks = P;
+  cluster.ranks_per_node = P;
+  dynacp::solve::GiantShares shares;
+  shares.time = {std::vector<double>(P + 1, inf), t, t, std::vector<double>(P + 1, inf)};
+  shares.hid.assign(4, std::vector<double>(P + 1, 0.0));
+  shares.load = shares.time;
+  auto other = [&](double) {
+    dynacp::solve::OtherWork w;
+    w.capacity = 1e9;    // C(S): the most other work a rank may run
+    w.budget = P * 1e9;  // P C(S) - W', with no other work W'
+    w.loss.assign(4, std::vector<double>(P + 2, 0.0));
+    return w;
+  };
+  return dynacp::solve::cover_term(cluster, pp, 2, other, 0.0, dynacp::solve::ChainRoom(pp), shares);
+}
+
+}  // namespace
+
+// Rings of 3 of 4 ranks cannot sit apart, so they share a rank and run one after the other there: the term is the
+// chain floor of their fastest times (found by bisection, within 1e-4 below it), not their longest time alone.
+TEST(Cover, RingsTooWideToSitApartChain) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double floor = dynacp::solve::one_f_one_b_chain_floor(std::vector<double>{0.9, 0.9}, 2);
+  ASSERT_NEAR(floor, 1.35, 1e-12);  // two microbatches of 0.9 s on 2 stages: 3 (f + b) = 3 * 0.45
+  const double cover = two_unit_cover({inf, inf, inf, 1.0, 0.9}, 2);
+  EXPECT_LE(cover, floor);
+  EXPECT_GE(cover, floor * (1 - 1e-4));
+}
+
+// Rings of 2 of 4 ranks sit apart at 1.0 s each, sooner than sharing a rank (1.35 s at their fastest 0.9 s).
+TEST(Cover, RingsThatFitApartRunSideBySide) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double cover = two_unit_cover({inf, inf, 1.0, 0.95, 0.9}, 2);
+  EXPECT_LE(cover, 1.0);
+  EXPECT_GE(cover, 1.0 - 1.35e-4);
 }
