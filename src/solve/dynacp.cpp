@@ -832,87 +832,59 @@ class Builder {
     return out;
   }
 
-  /// Shelf layouts for pipelined plans (pp > 1): the giants - the hardest sequences (at most kShelfGiants) whose
+  /// Shelf layouts for pipelined plans (pp > 1). The giants - the hardest sequences (at most kShelfGiants) whose
   /// memory needs more than a node - are split into shelves of one to three rings side by side on consecutive ranks
-  /// (a lone ring at its fastest degree; two or three at the degrees, summing to at most P, that make the shelf's
-  /// slowest ring fastest), and every rank runs the shelves one after the other. Each rank then runs one ring per
-  /// shelf it is covered in, and the rings' 1F1B chain floor on the rank (one_f_one_b_chain_floor) is the layout's
-  /// score at that rank; layouts are ranked by their worst rank, and the best `keep` (distinct) are returned, each as
-  /// its rings in shelf order with their places. Every order of up to kShelfOrders shelves is tried (more: the
-  /// rise-then-fall order of their times), with the rings of alternate shelves placed from either end of the pool.
-  /// Empty when fewer than two giants crowd the pool (their least degrees sum to at most P).
+  /// (a lone ring at its fastest degree; two or three at the degrees, summing to at most the shelf's width, that make
+  /// its slowest ring fastest), and every rank of the shelves' width runs them one after the other. Two shapes:
+  ///   - full shelves: every giant in a shelf over the whole pool, when their least degrees sum to more than P;
+  ///   - a column: the hardest giant alone on the first w ranks for the whole step (every w from its least degree
+  ///     up), the others in shelves over the remaining P - w.
+  /// Each rank runs one ring per shelf it is covered in, and the rings' 1F1B chain floor on the rank
+  /// (one_f_one_b_chain_floor) is the layout's score there; layouts are ranked by their worst rank, and the best
+  /// `keep` (distinct) are returned, each as its rings in run order with their places. Every order of up to
+  /// kShelfOrders shelves is tried (more: the rise-then-fall order of their times), with the rings of alternate
+  /// shelves placed from either end of their ranks. Empty for fewer than two giants.
   std::vector<std::vector<Ring>> pipelined_shelves(int pp, std::size_t keep) const {
     const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
     std::vector<std::size_t> giants;
-    int crowd = 0;
     for (std::size_t i : order_)
-      if (seqs_[i].dmin > rpn && giants.size() < kShelfGiants) giants.push_back(i), crowd += seqs_[i].dmin;
-    if (giants.size() < 2 || crowd <= P) return {};
+      if (seqs_[i].dmin > rpn && giants.size() < kShelfGiants) giants.push_back(i);
+    if (giants.size() < 2) return {};
     const std::size_t n = giants.size();
+    auto least = [&](std::size_t g) { return seqs_[giants[g]].dmin; };
     // T(giant, d) for d = 0..P (infinite below its least degree)
     std::vector<std::vector<double>> T(
         n, std::vector<double>(static_cast<std::size_t>(P) + 1, std::numeric_limits<double>::infinity()));
     for (std::size_t g = 0; g < n; ++g)
-      for (int d = seqs_[giants[g]].dmin; d <= P; ++d) T[g][d] = time1(seqs_[giants[g]], d);
+      for (int d = least(g); d <= P; ++d) T[g][d] = time1(seqs_[giants[g]], d);
     struct Shelf {
       double t = 0.0;
       std::vector<std::pair<std::size_t, int>> rings;  // (giant, degree), widest first
     };
-    // the best degrees for a shelf of giants `members` (false when their least degrees exceed P)
-    auto best_shelf = [&](const std::vector<std::size_t>& members, Shelf& out) {
-      const double inf = std::numeric_limits<double>::infinity();
-      out = Shelf{inf, {}};
+    // the best degrees for a shelf of giants `members` on `width` ranks (false when their least degrees exceed it)
+    auto best_shelf = [&](const std::vector<std::size_t>& members, int width, Shelf& out) {
+      out = Shelf{std::numeric_limits<double>::infinity(), {}};
       const std::size_t a = members[0];
-      const int lo_a = seqs_[giants[a]].dmin;
       if (members.size() == 1) {
-        for (int d = lo_a; d <= P; ++d)
+        for (int d = least(a); d <= width; ++d)
           if (T[a][d] < out.t) out = Shelf{T[a][d], {{a, d}}};
       } else if (members.size() == 2) {
         const std::size_t b = members[1];
-        for (int d = lo_a; d + seqs_[giants[b]].dmin <= P; ++d)
-          if (const double t = std::max(T[a][d], T[b][P - d]); t < out.t) out = Shelf{t, {{a, d}, {b, P - d}}};
-      } else {
+        for (int d = least(a); d + least(b) <= width; ++d)
+          if (const double t = std::max(T[a][d], T[b][width - d]); t < out.t) out = Shelf{t, {{a, d}, {b, width - d}}};
+      } else if (members.size() == 3) {
         const std::size_t b = members[1], c = members[2];
-        const int lo_b = seqs_[giants[b]].dmin, lo_c = seqs_[giants[c]].dmin;
-        for (int d = lo_a; d + lo_b + lo_c <= P; ++d)
-          for (int e = lo_b; d + e + lo_c <= P; ++e)
-            if (const double t = std::max({T[a][d], T[b][e], T[c][P - d - e]}); t < out.t)
-              out = Shelf{t, {{a, d}, {b, e}, {c, P - d - e}}};
+        for (int d = least(a); d + least(b) + least(c) <= width; ++d)
+          for (int e = least(b); d + e + least(c) <= width; ++e)
+            if (const double t = std::max({T[a][d], T[b][e], T[c][width - d - e]}); t < out.t)
+              out = Shelf{t, {{a, d}, {b, e}, {c, width - d - e}}};
       }
       std::stable_sort(out.rings.begin(), out.rings.end(),
                        [](const auto& x, const auto& y) { return x.second > y.second; });
       return !out.rings.empty();
     };
-    // Set partitions of the giants into blocks of at most three (restricted growth strings), each block a shelf.
-    std::vector<std::vector<Shelf>> partitions;
-    std::vector<int> rgs(n, 0);
-    while (true) {
-      const int blocks = *std::max_element(rgs.begin(), rgs.end()) + 1;
-      std::vector<std::vector<std::size_t>> members(static_cast<std::size_t>(blocks));
-      for (std::size_t g = 0; g < n; ++g) members[static_cast<std::size_t>(rgs[g])].push_back(g);
-      std::vector<Shelf> shelves(members.size());
-      bool ok = true;
-      for (std::size_t b = 0; b < members.size() && ok; ++b)
-        ok = members[b].size() <= 3 && best_shelf(members[b], shelves[b]);
-      if (ok) partitions.push_back(std::move(shelves));
-      std::size_t i = n - 1;
-      for (; i > 0; --i)
-        if (rgs[i] <= *std::max_element(rgs.begin(), rgs.begin() + static_cast<std::ptrdiff_t>(i))) break;
-      if (i == 0) break;
-      ++rgs[i];
-      std::fill(rgs.begin() + static_cast<std::ptrdiff_t>(i) + 1, rgs.end(), 0);
-    }
-    // The rings of the shelves in `order` (alternate: odd positions placed from the end of the pool), and the score:
-    // ranks between consecutive ring edges run the same rings, so one rank of each such run is scored.
-    auto layout = [&](const std::vector<Shelf>& shelves, const std::vector<std::size_t>& order, bool alternate) {
-      std::vector<Ring> rings;
-      for (std::size_t k = 0; k < order.size(); ++k) {
-        const Shelf& sh = shelves[order[k]];
-        int at = 0, width = 0;
-        for (const auto& [g, d] : sh.rings) width += d;
-        if (alternate && k % 2 == 1) at = P - width;
-        for (const auto& [g, d] : sh.rings) rings.push_back({giants[g], d, T[g][d], at}), at += d;
-      }
+    // A layout's score: ranks between consecutive ring edges run the same rings, so one rank of each such run.
+    auto score = [&](const std::vector<Ring>& rings) {
       std::vector<int> cuts{0, P};
       for (const auto& r : rings) cuts.push_back(r.at), cuts.push_back(r.at + r.d);
       std::sort(cuts.begin(), cuts.end());
@@ -925,25 +897,63 @@ class Builder {
           if (r.at <= cuts[j] && cuts[j] < r.at + r.d) chain.push_back(r.t);
         if (!chain.empty()) worst = std::max(worst, one_f_one_b_chain_floor(chain, pp));
       }
-      return std::pair<double, std::vector<Ring>>{worst, std::move(rings)};
+      return worst;
     };
     std::vector<std::pair<double, std::vector<Ring>>> found;
-    for (const auto& shelves : partitions) {
-      std::vector<std::size_t> order(shelves.size());
-      std::iota(order.begin(), order.end(), std::size_t{0});
-      const bool all_orders = shelves.size() <= kShelfOrders;
-      if (!all_orders) {
-        std::vector<double> w;
-        for (const auto& sh : shelves) w.push_back(sh.t);
-        order = rise_then_fall(w, pp);
+    // Every layout of `members` in shelves on the ranks [offset, offset + width), after the rings `before`.
+    auto shelve = [&](const std::vector<std::size_t>& members, int offset, int width, const std::vector<Ring>& before) {
+      const std::size_t m = members.size();
+      std::vector<int> rgs(m, 0);  // set partitions as restricted growth strings, each block a shelf
+      while (true) {
+        const int blocks = *std::max_element(rgs.begin(), rgs.end()) + 1;
+        std::vector<std::vector<std::size_t>> block(static_cast<std::size_t>(blocks));
+        for (std::size_t g = 0; g < m; ++g) block[static_cast<std::size_t>(rgs[g])].push_back(members[g]);
+        std::vector<Shelf> shelves(block.size());
+        bool ok = true;
+        for (std::size_t b = 0; b < block.size() && ok; ++b) ok = best_shelf(block[b], width, shelves[b]);
+        if (ok) {
+          std::vector<std::size_t> order(shelves.size());
+          std::iota(order.begin(), order.end(), std::size_t{0});
+          const bool all_orders = shelves.size() <= kShelfOrders;
+          if (!all_orders) {
+            std::vector<double> w;
+            for (const auto& sh : shelves) w.push_back(sh.t);
+            order = rise_then_fall(w, pp);
+          }
+          do {
+            for (bool alternate : {false, true}) {
+              std::vector<Ring> rings = before;
+              for (std::size_t k = 0; k < order.size(); ++k) {
+                const Shelf& sh = shelves[order[k]];
+                int at = offset, used = 0;
+                for (const auto& [g, d] : sh.rings) used += d;
+                if (alternate && k % 2 == 1) at = offset + width - used;
+                for (const auto& [g, d] : sh.rings) rings.push_back({giants[g], d, T[g][d], at}), at += d;
+              }
+              found.push_back({score(rings), std::move(rings)});
+            }
+          } while (all_orders && std::next_permutation(order.begin(), order.end()));
+        }
+        std::size_t i = m - 1;
+        for (; i > 0; --i)
+          if (rgs[i] <= *std::max_element(rgs.begin(), rgs.begin() + static_cast<std::ptrdiff_t>(i))) break;
+        if (i == 0) break;
+        ++rgs[i];
+        std::fill(rgs.begin() + static_cast<std::ptrdiff_t>(i) + 1, rgs.end(), 0);
       }
-      do {
-        for (bool alternate : {false, true}) found.push_back(layout(shelves, order, alternate));
-      } while (all_orders && std::next_permutation(order.begin(), order.end()));
-    }
+    };
+    std::vector<std::size_t> all(n);
+    std::iota(all.begin(), all.end(), std::size_t{0});
+    int crowd = 0;
+    for (std::size_t g = 0; g < n; ++g) crowd += least(g);
+    if (crowd > P) shelve(all, 0, P, {});
+    const std::vector<std::size_t> rest(all.begin() + 1, all.end());
+    int widest = 0;  // beside the column, the others need at least their widest least degree
+    for (std::size_t g : rest) widest = std::max(widest, least(g));
+    for (int w = least(0); P - w >= widest; ++w) shelve(rest, w, P - w, {Ring{giants[0], w, T[0][w], 0}});
     std::stable_sort(found.begin(), found.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
     std::vector<std::vector<Ring>> out;
-    for (auto& [score, rings] : found) {
+    for (auto& [worst, rings] : found) {
       if (out.size() == keep) break;
       const bool repeat = std::any_of(out.begin(), out.end(), [&](const std::vector<Ring>& o) {
         return std::equal(o.begin(), o.end(), rings.begin(), rings.end(),
