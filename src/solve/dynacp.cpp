@@ -844,11 +844,12 @@ class Builder {
   /// `keep` (distinct) are returned, each as its rings in run order with their places. Every order of up to
   /// kShelfOrders shelves is tried (more: the rise-then-fall order of their times), with the rings of alternate
   /// shelves placed from either end of their ranks. Empty for fewer than two giants.
-  std::vector<std::vector<Ring>> pipelined_shelves(int pp, std::size_t keep) const {
+  std::vector<std::vector<Ring>> pipelined_shelves(int pp, std::size_t keep, std::size_t drop = 0) const {
     const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
     std::vector<std::size_t> giants;
     for (std::size_t i : order_)
       if (seqs_[i].dmin > rpn && giants.size() < kShelfGiants) giants.push_back(i);
+    giants.resize(giants.size() > drop ? giants.size() - drop : 0);
     if (giants.size() < 2) return {};
     const std::size_t n = giants.size();
     auto least = [&](std::size_t g) { return seqs_[giants[g]].dmin; };
@@ -1409,9 +1410,10 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       kInterleaved,
       kShelves,
       kShelfLeads,
+      kShelfDrops,
       kFamilies
     };
-    constexpr std::size_t kPlaces[kFamilies] = {3, 2, 1, 1, 1, 1, 2, 4, 2};
+    constexpr std::size_t kPlaces[kFamilies] = {3, 2, 1, 1, 1, 1, 2, 4, 2, 4};
     std::vector<std::vector<std::pair<double, Plan>>> pools(kFamilies);
     auto keep = [&](Plan p, double t, Family family) {
       if (!std::isfinite(t) || !counts_ok(p, cluster.num_ranks, options)) return;
@@ -1536,17 +1538,19 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     // before the slot-order polish but gain less from it, so they must not take the others' polish places).
     if (options.vpp <= 1 && !trials.empty()) {
       const Builder::Pipe base = trials.front().spec;  // trials are sorted: the best plain build
-      const auto layouts = b.pipelined_shelves(options.pp, kShelfLayouts);
-      for (const auto& rings : layouts)
-        for (double f : {0.5, 1.0, 2.0})
-          for (int variant = 0; variant < 5; ++variant) {
-            Builder::Pipe spec{.target = base.target, .mu = base.mu * f, .fixed = &rings};
-            if (variant == 1) spec.order = 1;
-            if (variant == 2) spec.lead = options.pp - 1, spec.lead_frac = -0.5;
-            if (variant == 3) spec.lead = 1, spec.lead_frac = 0.6;
-            if (variant == 4) spec.lead = 1, spec.lead_frac = 0.3;
-            add(spec, variant >= 3 ? kShelfLeads : kShelves);
-          }
+      for (std::size_t drop : {0, 2}) {
+        const auto layouts = b.pipelined_shelves(options.pp, kShelfLayouts, drop);
+        for (const auto& rings : layouts)
+          for (double f : {0.5, 1.0, 2.0})
+            for (int variant = 0; variant < 5; ++variant) {
+              Builder::Pipe spec{.target = base.target, .mu = base.mu * f, .fixed = &rings};
+              if (variant == 1) spec.order = 1;
+              if (variant == 2) spec.lead = options.pp - 1, spec.lead_frac = -0.5;
+              if (variant == 3) spec.lead = 1, spec.lead_frac = 0.6;
+              if (variant == 4) spec.lead = 1, spec.lead_frac = 0.3;
+              add(spec, drop > 0 ? kShelfDrops : variant >= 3 ? kShelfLeads : kShelves);
+            }
+      }
     }
     for (auto& pool : pools)
       for (auto& [t, p] : pool) candidates.push_back(reorder_slots(std::move(p), t, batch, cluster, cost, options));
