@@ -9,10 +9,10 @@
 //   3. a local search moves and swaps sequences between the slowest and the fastest ranks.
 // tau is scanned over a geometric grid between the lower bound and the slowest single-rank sequence, then
 // refined around the best. With pipelines (pp > 1) dynacp adds slotted plans and per-rank microbatch lists built
-// against the 1F1B estimate (S + (pp - 1) M) / pp (Builder::pipelined), every one scored by the pipeline simulator.
+// against the 1F1B estimate (S + (pp - 1) M) / pp (Builder::pipelined), among them lists whose giants run in shelves
+// side by side (Builder::pipelined_shelves), every one scored by the pipeline simulator.
 // The other strategies' plans are candidates too, so dynacp is never worse. See docs/strategies.md.
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -832,10 +832,10 @@ class Builder {
     return out;
   }
 
-  /// Shelf layouts for pipelined plans (pp > 1). The giants - the hardest sequences (at most kShelfGiants) whose
-  /// memory needs more than a node - are split into shelves of one to three rings side by side on consecutive ranks
-  /// (a lone ring at its fastest degree; two or three at the degrees, summing to at most the shelf's width, that make
-  /// its slowest ring fastest), and every rank of the shelves' width runs them one after the other. Two shapes:
+  /// Shelf layouts for pipelined plans (pp > 1). The giants - the sequences whose memory needs more than a node, at
+  /// most kShelfGiants of them - are split into shelves of one to three rings side by side on consecutive ranks (a
+  /// lone ring at its fastest degree; two or three at the degrees, summing to the shelf's width, that make its
+  /// slowest ring fastest), and every rank of the shelves' width runs them one after the other. Two shapes:
   ///   - full shelves: every giant in a shelf over the whole pool, when their least degrees sum to more than P;
   ///   - a column: the hardest giant alone on the first w ranks for the whole step (every w from its least degree
   ///     up), the others in shelves over the remaining P - w.
@@ -843,14 +843,19 @@ class Builder {
   /// (one_f_one_b_chain_floor) is the layout's score there; layouts are ranked by their worst rank, and the best
   /// `keep` (distinct) are returned, each as its rings in run order with their places. Every order of up to
   /// kShelfOrders shelves is tried (more: the rise-then-fall order of their times), with the rings of alternate
-  /// shelves placed from either end of their ranks. Empty for fewer than two giants.
+  /// shelves placed from either end of their ranks. `drop` > 0 leaves out the `drop` smallest giants (pipelined()
+  /// places them like any ring). Empty for fewer than two giants or more than kShelfGiants. Degrees and column widths
+  /// step by P / 64 ranks, rounded down (every one below 128 ranks).
   std::vector<std::vector<Ring>> pipelined_shelves(int pp, std::size_t keep, std::size_t drop = 0) const {
     const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
     std::vector<std::size_t> giants;
     for (std::size_t i : order_)
-      if (seqs_[i].dmin > rpn && giants.size() < kShelfGiants) giants.push_back(i);
+      if (seqs_[i].dmin > rpn) giants.push_back(i);
+    if (giants.size() > kShelfGiants) return {};  // more than a layout holds: the plain builds place them
     giants.resize(giants.size() > drop ? giants.size() - drop : 0);
     if (giants.size() < 2) return {};
+    // degrees and column widths step by `stride` ranks (1 up to 64 ranks; larger pools are searched coarser)
+    const int stride = std::max(1, P / 64);
     const std::size_t n = giants.size();
     auto least = [&](std::size_t g) { return seqs_[giants[g]].dmin; };
     // T(giant, d) for d = 0..P (infinite below its least degree)
@@ -867,16 +872,16 @@ class Builder {
       out = Shelf{std::numeric_limits<double>::infinity(), {}};
       const std::size_t a = members[0];
       if (members.size() == 1) {
-        for (int d = least(a); d <= width; ++d)
+        for (int d = least(a); d <= width; d += stride)
           if (T[a][d] < out.t) out = Shelf{T[a][d], {{a, d}}};
       } else if (members.size() == 2) {
         const std::size_t b = members[1];
-        for (int d = least(a); d + least(b) <= width; ++d)
+        for (int d = least(a); d + least(b) <= width; d += stride)
           if (const double t = std::max(T[a][d], T[b][width - d]); t < out.t) out = Shelf{t, {{a, d}, {b, width - d}}};
       } else if (members.size() == 3) {
         const std::size_t b = members[1], c = members[2];
-        for (int d = least(a); d + least(b) + least(c) <= width; ++d)
-          for (int e = least(b); d + e + least(c) <= width; ++e)
+        for (int d = least(a); d + least(b) + least(c) <= width; d += stride)
+          for (int e = least(b); d + e + least(c) <= width; e += stride)
             if (const double t = std::max({T[a][d], T[b][e], T[c][width - d - e]}); t < out.t)
               out = Shelf{t, {{a, d}, {b, e}, {c, width - d - e}}};
       }
@@ -951,7 +956,7 @@ class Builder {
     const std::vector<std::size_t> rest(all.begin() + 1, all.end());
     int widest = 0;  // beside the column, the others need at least their widest least degree
     for (std::size_t g : rest) widest = std::max(widest, least(g));
-    for (int w = least(0); P - w >= widest; ++w) shelve(rest, w, P - w, {Ring{giants[0], w, T[0][w], 0}});
+    for (int w = least(0); P - w >= widest; w += stride) shelve(rest, w, P - w, {Ring{giants[0], w, T[0][w], 0}});
     std::stable_sort(found.begin(), found.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
     std::vector<std::vector<Ring>> out;
     for (auto& [worst, rings] : found) {

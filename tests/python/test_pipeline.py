@@ -111,6 +111,44 @@ def test_dynacp_profile_lead_shortens_pipeline_fill() -> None:
     assert light >= 48
 
 
+def wide_rings(plan, ranks_per_node: int = 8) -> list:
+    """Per slot of the plan, its rings wider than a node."""
+    return [[g for g in slot if g.degree > ranks_per_node] for slot in plan.microbatches]
+
+
+def test_dynacp_shelves_run_crowding_giants_side_by_side() -> None:
+    """longcontext batch 1 of benchmarks/bench.py at pp = 4: six sequences of 183-399K tokens need 115 ranks' memory
+    on a pool of 64, so every rank runs about two of them. Before the shelf layouts (docs/strategies.md) dynacp's plan
+    ran four of them on each rank, two over the whole pool: 5.208 s, 11.2 % above the lower bound. Now the giants run
+    in shelves of two rings side by side that every rank runs in turn: 4.822 s, 2.9 %."""
+    import dynacp
+
+    lengths, cluster, cost = bench_batch("longcontext", 1)
+    plan = dynacp.plan(lengths, cluster, cost, "dynacp", pp=4)
+    plan.validate(lengths, cluster, cost)
+    assert plan.predicted.gap < 0.05
+    shelves = [rings for rings in wide_rings(plan) if rings]
+    assert sum(len(rings) >= 2 for rings in shelves) >= 2
+    for rings in shelves:  # a shelf's rings sit side by side and cover the pool: every rank runs one of them
+        assert sorted(r for g in rings for r in g.ranks) == list(range(64))
+
+
+def test_dynacp_column_keeps_the_hardest_giant_alone() -> None:
+    """github batch 3 of benchmarks/bench.py at pp = 4: four sequences of 160-229K tokens. Paired two by two on the
+    halves of the pool the plan took 2.274 s (7.2 % above the bound). The column layout gives the hardest its own
+    ranks for the whole step and shelves the others beside it: 2.235 s (5.4 %)."""
+    import dynacp
+
+    lengths, cluster, cost = bench_batch("github", 3)
+    plan = dynacp.plan(lengths, cluster, cost, "dynacp", pp=4)
+    plan.validate(lengths, cluster, cost)
+    assert plan.predicted.gap < 0.06
+    hardest = int(np.argmax(lengths))
+    rings = [g for slot in wide_rings(plan) for g in slot]
+    column = next(g for g in rings if hardest in g.sequences)
+    assert all(not set(g.ranks) & set(column.ranks) for g in rings if g is not column)
+
+
 def test_dynacp_interleaving_family_keeps_enough_microbatches() -> None:
     """sft batch 1 of benchmarks/bench.py at pp = 4, vpp = 2. The interleaved bound has no best-split term, so a grid
     scaled by it alone leans to plans of 4 microbatches per rank (0.1472 s); the interleaving family walks the grid
