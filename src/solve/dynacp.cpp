@@ -1416,9 +1416,10 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       kShelves,
       kShelfLeads,
       kShelfDrops,
+      kShelfDropLeads,
       kFamilies
     };
-    constexpr std::size_t kPlaces[kFamilies] = {3, 2, 1, 1, 1, 1, 2, 4, 2, 4};
+    constexpr std::size_t kPlaces[kFamilies] = {3, 2, 1, 1, 1, 1, 2, 4, 2, 4, 2};
     std::vector<std::vector<std::pair<double, Plan>>> pools(kFamilies);
     auto keep = [&](Plan p, double t, Family family) {
       if (!std::isfinite(t) || !counts_ok(p, cluster.num_ranks, options)) return;
@@ -1553,7 +1554,8 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
               if (variant == 2) spec.lead = options.pp - 1, spec.lead_frac = -0.5;
               if (variant == 3) spec.lead = 1, spec.lead_frac = 0.6;
               if (variant == 4) spec.lead = 1, spec.lead_frac = 0.3;
-              add(spec, drop > 0 ? kShelfDrops : variant >= 3 ? kShelfLeads : kShelves);
+              const bool lead = variant >= 3;
+              add(spec, drop > 0 ? (lead ? kShelfDropLeads : kShelfDrops) : lead ? kShelfLeads : kShelves);
             }
       }
     }

@@ -234,55 +234,62 @@ SharedTerms shared_term(const Batch& batch, const Cluster& cluster, const CostMo
     }
     out = std::max(out, std::min(meet, disjoint));
   }
-  constexpr int kCoverUnits = 5;  // 6 raises longcontext's bounds by under 1 % at 10x the time
-  const std::size_t units = std::min<std::size_t>(k, kCoverUnits);
-  // Every unit (a group holding some of the cover sequences): its time on exactly d ranks, and what its other
-  // co-members (outside the cover sequences) may hide in it - the critical-sequence argument holds for any
-  // microbatch, and HideCap for the group's tokens in all.
-  const std::size_t masks = std::size_t{1} << units;
-  const double inf = std::numeric_limits<double>::infinity();
-  GiantShares shares;
-  std::vector<int> unit_dmin(masks, P + 1);
-  shares.time.assign(masks, std::vector<double>(static_cast<std::size_t>(P) + 1, inf));
-  shares.hid.assign(masks, std::vector<double>(static_cast<std::size_t>(P) + 1, 0.0));
-  shares.load.assign(masks, std::vector<double>(static_cast<std::size_t>(P) + 1, inf));
-  for (std::size_t u = 1; u < masks; ++u) {
-    GroupStats g;
-    double work_u = 0.0;
-    for (std::size_t i = 0; i < units; ++i)
-      if (u >> i & 1) g.add(batch.lengths[ids[i]], cost.eta(batch.mask(ids[i]))), work_u += w[i];
-    unit_dmin[u] = std::max(1, cost.min_degree(g.tokens, cluster));
-    for (int d = unit_dmin[u]; d <= P; ++d) {
-      const double t = std::popcount(u) == 1 ? time[std::countr_zero(u)][d - dmin[std::countr_zero(u)]]
-                                             : fastest(cost, cluster, g, d);
-      const double E = hidden_in(work_u, g.tokens, d, t, units);
-      shares.time[u][d] = t, shares.hid[u][d] = E, shares.load[u][d] = t - c - E;
-    }
-  }
-  auto other = [&](double S) {  // as in fits(): each giant's ranks lose C(S) - room of the pool
-    OtherWork o;
-    const double C = capacity(S);
-    if (C < 0) {
-      o.budget = -std::numeric_limits<double>::infinity();
-      return o;
-    }
-    double rest = total_work;
-    o.capacity = C;
-    for (std::size_t i = 0; i < units; ++i) rest -= w[i];
-    o.loss.assign(masks, std::vector<double>(static_cast<std::size_t>(P) + 2, inf));
-    for (std::size_t u = 1; u < masks; ++u)
-      for (int d = P; d >= 0; --d) {
-        double l = o.loss[u][d + 1];
-        if (d >= unit_dmin[u] && shares.time[u][d] <= S)
-          if (const double r = room_beside(shares.time[u][d], shares.hid[u][d], S, C); r >= 0)
-            l = std::min(l, d * (C - r));
-        o.loss[u][d] = l;
-      }
-    o.budget = P * C - rest;
-    return o;
-  };
   if (!with_cover) return {out, 0.0};
-  const double cover = cover_term(cluster, pp, static_cast<int>(units), other, out, fluid_room, shares);
+  // The cover term over the hardest `units` sequences, from step `from` on.
+  auto cover_over = [&](std::size_t units, double from) {
+    // Every unit (a group holding some of the cover sequences): its time on exactly d ranks, and what its other
+    // co-members (outside the cover sequences) may hide in it - the critical-sequence argument holds for any
+    // microbatch, and HideCap for the group's tokens in all.
+    const std::size_t masks = std::size_t{1} << units;
+    const double inf = std::numeric_limits<double>::infinity();
+    GiantShares shares;
+    std::vector<int> unit_dmin(masks, P + 1);
+    shares.time.assign(masks, std::vector<double>(static_cast<std::size_t>(P) + 1, inf));
+    shares.hid.assign(masks, std::vector<double>(static_cast<std::size_t>(P) + 1, 0.0));
+    shares.load.assign(masks, std::vector<double>(static_cast<std::size_t>(P) + 1, inf));
+    for (std::size_t u = 1; u < masks; ++u) {
+      GroupStats g;
+      double work_u = 0.0;
+      for (std::size_t i = 0; i < units; ++i)
+        if (u >> i & 1) g.add(batch.lengths[ids[i]], cost.eta(batch.mask(ids[i]))), work_u += w[i];
+      unit_dmin[u] = std::max(1, cost.min_degree(g.tokens, cluster));
+      for (int d = unit_dmin[u]; d <= P; ++d) {
+        const double t = std::popcount(u) == 1 ? time[std::countr_zero(u)][d - dmin[std::countr_zero(u)]]
+                                               : fastest(cost, cluster, g, d);
+        const double E = hidden_in(work_u, g.tokens, d, t, units);
+        shares.time[u][d] = t, shares.hid[u][d] = E, shares.load[u][d] = t - c - E;
+      }
+    }
+    auto other = [&](double S) {  // as in fits(): each giant's ranks lose C(S) - room of the pool
+      OtherWork o;
+      const double C = capacity(S);
+      if (C < 0) {
+        o.budget = -std::numeric_limits<double>::infinity();
+        return o;
+      }
+      double rest = total_work;
+      o.capacity = C;
+      for (std::size_t i = 0; i < units; ++i) rest -= w[i];
+      o.loss.assign(masks, std::vector<double>(static_cast<std::size_t>(P) + 2, inf));
+      for (std::size_t u = 1; u < masks; ++u)
+        for (int d = P; d >= 0; --d) {
+          double l = o.loss[u][d + 1];
+          if (d >= unit_dmin[u] && shares.time[u][d] <= S)
+            if (const double r = room_beside(shares.time[u][d], shares.hid[u][d], S, C); r >= 0)
+              l = std::min(l, d * (C - r));
+          o.loss[u][d] = l;
+        }
+      o.budget = P * C - rest;
+      return o;
+    };
+    return cover_term(cluster, pp, static_cast<int>(units), other, from, fluid_room, shares);
+  };
+  constexpr std::size_t kCoverUnits = 5;
+  double cover = cover_over(std::min(k, kCoverUnits), out);
+  // A sixth unit when the sixth hardest sequence needs more than a node's memory too (long-context batches). Its
+  // search stops at its budgets elsewhere than the five-unit one, so neither dominates; both bound the step, and the
+  // six-unit search starts from the five-unit term (it only says whether some step above it is still infeasible).
+  if (k > kCoverUnits && dmin[kCoverUnits] > cluster.ranks_per_node) cover = cover_over(kCoverUnits + 1, cover);
   return {out, cover};
 }
 

@@ -149,6 +149,22 @@ def test_dynacp_column_keeps_the_hardest_giant_alone() -> None:
     assert all(not set(g.ranks) & set(column.ranks) for g in rings if g is not column)
 
 
+def test_cover_term_with_a_sixth_giant() -> None:
+    """longcontext batch 2 of benchmarks/bench.py at pp = 4: its sixth hardest sequence (158K tokens) needs more than
+    a node's memory too, so the cover term also searches six units (docs/cost_model.md). Over the hardest five it is
+    4.8359 s; with the sixth 4.8480 s, and the shelf plan (5.1206 s) stays above it. Batch 1's sixth giant raises
+    nothing there (4.6853 s either way)."""
+    import dynacp
+
+    lengths, cluster, cost = bench_batch("longcontext", 2)
+    bound = dynacp.lower_bound(lengths, cluster, cost, pp=4)
+    assert 4.847 < bound < 4.849
+    plan = dynacp.plan(lengths, cluster, cost, "dynacp", pp=4)
+    assert plan.predicted.lower_bound == bound and plan.predicted.step_time > bound
+    lengths, cluster, cost = bench_batch("longcontext", 1)
+    assert abs(dynacp.lower_bound(lengths, cluster, cost, pp=4) - 4.6853) < 1e-4
+
+
 def test_dynacp_interleaving_family_keeps_enough_microbatches() -> None:
     """sft batch 1 of benchmarks/bench.py at pp = 4, vpp = 2. The interleaved bound has no best-split term, so a grid
     scaled by it alone leans to plans of 4 microbatches per rank (0.1472 s); the interleaving family walks the grid
