@@ -1541,7 +1541,9 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     // packed as in the best plain build (its target, and its mu halved, kept or doubled), with the rank's own
     // microbatches heaviest first or in pyramid order, or a profile lead before the first shelf (kShelves); or one
     // lead microbatch of 0.6 or 0.3 of the first shelf's time (kShelfLeads, a family of their own: they score well
-    // before the slot-order polish but gain less from it, so they must not take the others' polish places).
+    // before the slot-order polish but gain less from it, so they must not take the others' polish places). The
+    // same for layouts of all giants but the two smallest, which the ring picker then places (kShelfDrops,
+    // kShelfDropLeads).
     if (options.vpp <= 1 && !trials.empty()) {
       const Builder::Pipe base = trials.front().spec;  // trials are sorted: the best plain build
       for (std::size_t drop : {0, 2}) {
