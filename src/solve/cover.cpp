@@ -24,6 +24,7 @@
 #include <numeric>
 #include <utility>
 
+#include "dynacp/solve/partitions.hpp"
 #include "dynacp/solve/small_lp.hpp"
 
 namespace dynacp::solve {
@@ -39,27 +40,6 @@ double least_feasible(double lo, double hi, F&& feasible) {
     (feasible(mid) ? hi : lo) = mid;
   }
   return lo;
-}
-
-// Set partitions of k items (restricted growth strings), as unit member masks.
-std::vector<std::vector<int>> set_partitions(int k) {
-  std::vector<std::vector<int>> partitions;
-  std::vector<int> rgs(static_cast<std::size_t>(k), 0);
-  while (true) {
-    const int count = *std::max_element(rgs.begin(), rgs.end()) + 1;
-    std::vector<int> masks(static_cast<std::size_t>(count), 0);
-    for (int i = 0; i < k; ++i) masks[rgs[i]] |= 1 << i;
-    partitions.push_back(std::move(masks));
-    int i = k - 1;
-    for (; i > 0; --i) {
-      const int top = *std::max_element(rgs.begin(), rgs.begin() + i);
-      if (rgs[i] <= top) break;
-    }
-    if (i == 0) break;
-    ++rgs[i];
-    std::fill(rgs.begin() + i + 1, rgs.end(), 0);
-  }
-  return partitions;
 }
 
 // S-free structure for n units: for each order pi and path (a unit mask of >= 2, ordered by pi), the edges it needs

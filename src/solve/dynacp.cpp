@@ -23,6 +23,7 @@
 #include "dynacp/model/error.hpp"
 #include "dynacp/solve/evaluate.hpp"
 #include "dynacp/solve/microbatch.hpp"
+#include "dynacp/solve/partitions.hpp"
 #include "dynacp/solve/placement.hpp"
 #include "dynacp/solve/strategies.hpp"
 #include "dynacp/solve/timeline.hpp"
@@ -490,9 +491,11 @@ class Builder {
     if (!rings.empty()) {
       NodePicker picker(P, rpn);
       for (const auto& ring : rings) {
-        std::vector<int> ranks(static_cast<std::size_t>(ring.at >= 0 ? ring.d : 0));
-        std::iota(ranks.begin(), ranks.end(), ring.at);
-        if (ring.at < 0) ranks = picker.pick(ring.d, key);
+        std::vector<int> ranks;
+        if (ring.at >= 0)
+          for (int r = ring.at; r < ring.at + ring.d; ++r) ranks.push_back(r);
+        else
+          ranks = picker.pick(ring.d, key);
         int round = 0;
         for (int r : ranks) round = std::max(round, rings_on[static_cast<std::size_t>(r)]);
         for (int r : ranks) {
@@ -906,46 +909,43 @@ class Builder {
       return worst;
     };
     std::vector<std::pair<double, std::vector<Ring>>> found;
-    // Every layout of `members` in shelves on the ranks [offset, offset + width), after the rings `before`.
-    auto shelve = [&](const std::vector<std::size_t>& members, int offset, int width, const std::vector<Ring>& before) {
-      const std::size_t m = members.size();
-      std::vector<int> rgs(m, 0);  // set partitions as restricted growth strings, each block a shelf
-      while (true) {
-        const int blocks = *std::max_element(rgs.begin(), rgs.end()) + 1;
-        std::vector<std::vector<std::size_t>> block(static_cast<std::size_t>(blocks));
-        for (std::size_t g = 0; g < m; ++g) block[static_cast<std::size_t>(rgs[g])].push_back(members[g]);
-        std::vector<Shelf> shelves(block.size());
-        bool ok = true;
-        for (std::size_t b = 0; b < block.size() && ok; ++b) ok = best_shelf(block[b], width, shelves[b]);
-        if (ok) {
-          std::vector<std::size_t> order(shelves.size());
-          std::iota(order.begin(), order.end(), std::size_t{0});
-          const bool all_orders = shelves.size() <= kShelfOrders;
-          if (!all_orders) {
-            std::vector<double> w;
-            for (const auto& sh : shelves) w.push_back(sh.t);
-            order = rise_then_fall(w, pp);
+    // Every order of `shelves` (up to kShelfOrders; more: rise then fall of their times) on the ranks [offset,
+    // offset + width), after the rings `before`, alternate shelves placed from either end or all from the start.
+    auto lay_out = [&](const std::vector<Shelf>& shelves, int offset, int width, const std::vector<Ring>& before) {
+      std::vector<std::size_t> order(shelves.size());
+      std::iota(order.begin(), order.end(), std::size_t{0});
+      const bool all_orders = shelves.size() <= kShelfOrders;
+      if (!all_orders) {
+        std::vector<double> w;
+        for (const auto& sh : shelves) w.push_back(sh.t);
+        order = rise_then_fall(w, pp);
+      }
+      do {
+        for (bool alternate : {false, true}) {
+          std::vector<Ring> rings = before;
+          for (std::size_t k = 0; k < order.size(); ++k) {
+            const Shelf& sh = shelves[order[k]];
+            int at = offset, used = 0;
+            for (const auto& [g, d] : sh.rings) used += d;
+            if (alternate && k % 2 == 1) at = offset + width - used;
+            for (const auto& [g, d] : sh.rings) rings.push_back({giants[g], d, T[g][d], at}), at += d;
           }
-          do {
-            for (bool alternate : {false, true}) {
-              std::vector<Ring> rings = before;
-              for (std::size_t k = 0; k < order.size(); ++k) {
-                const Shelf& sh = shelves[order[k]];
-                int at = offset, used = 0;
-                for (const auto& [g, d] : sh.rings) used += d;
-                if (alternate && k % 2 == 1) at = offset + width - used;
-                for (const auto& [g, d] : sh.rings) rings.push_back({giants[g], d, T[g][d], at}), at += d;
-              }
-              found.push_back({score(rings), std::move(rings)});
-            }
-          } while (all_orders && std::next_permutation(order.begin(), order.end()));
+          found.push_back({score(rings), std::move(rings)});
         }
-        std::size_t i = m - 1;
-        for (; i > 0; --i)
-          if (rgs[i] <= *std::max_element(rgs.begin(), rgs.begin() + static_cast<std::ptrdiff_t>(i))) break;
-        if (i == 0) break;
-        ++rgs[i];
-        std::fill(rgs.begin() + static_cast<std::ptrdiff_t>(i) + 1, rgs.end(), 0);
+      } while (all_orders && std::next_permutation(order.begin(), order.end()));
+    };
+    // Every grouping of `members` into shelves (set_partitions) on the ranks [offset, offset + width).
+    auto shelve = [&](const std::vector<std::size_t>& members, int offset, int width, const std::vector<Ring>& before) {
+      for (const auto& blocks : set_partitions(static_cast<int>(members.size()))) {
+        std::vector<Shelf> shelves(blocks.size());
+        bool ok = true;
+        for (std::size_t b = 0; b < blocks.size() && ok; ++b) {
+          std::vector<std::size_t> block;
+          for (std::size_t g = 0; g < members.size(); ++g)
+            if (blocks[b] >> g & 1) block.push_back(members[g]);
+          ok = best_shelf(block, width, shelves[b]);
+        }
+        if (ok) lay_out(shelves, offset, width, before);
       }
     };
     std::vector<std::size_t> all(n);

@@ -9,6 +9,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <tuple>
 
@@ -18,6 +19,7 @@
 #include "dynacp/sim/planner.hpp"
 #include "dynacp/solve/cover.hpp"
 #include "dynacp/solve/microbatch.hpp"
+#include "dynacp/solve/partitions.hpp"
 #include "dynacp/solve/small_lp.hpp"
 #include "dynacp/solve/timeline.hpp"
 #include "dynacp/solve/units.hpp"
@@ -1141,4 +1143,25 @@ TEST(Cover, RingsThatFitApartRunSideBySide) {
   const double cover = two_unit_cover({inf, inf, 1.0, 0.95, 0.9}, 2);
   EXPECT_LE(cover, 1.0);
   EXPECT_GE(cover, 1.0 - 1.35e-4);
+}
+
+// Bell numbers, each partition once, every block non-empty and the blocks covering all items.
+TEST(Cover, SetPartitionsAreEveryGroupingOnce) {
+  const int bell[] = {1, 1, 2, 5, 15, 52, 203, 877};
+  for (int k = 0; k <= 7; ++k) {
+    const auto parts = dynacp::solve::set_partitions(k);
+    EXPECT_EQ(static_cast<int>(parts.size()), bell[k]) << k;
+    std::set<std::vector<int>> seen;
+    for (auto blocks : parts) {
+      int all = 0;
+      for (int m : blocks) {
+        EXPECT_TRUE(m != 0 && (all & m) == 0);
+        all |= m;
+      }
+      EXPECT_EQ(all, (1 << k) - 1);
+      std::sort(blocks.begin(), blocks.end());
+      EXPECT_TRUE(seen.insert(blocks).second);
+    }
+  }
+  EXPECT_EQ(dynacp::solve::set_partitions(3).front(), std::vector<int>{7});  // all in one block first
 }

@@ -21,9 +21,9 @@ double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& 
 /// max(single, wide / pp, (sum work / P + c) / pp + (pp - 1)(c + w_min / P) / (pp vpp)), and for vpp = 1 also the
 /// best split of the mean work into microbatches (one_f_one_b_floor) and the hardest sequence's microbatch with the
 /// other work its ranks must run, the hardest few sequences either on disjoint rings or two meeting on a rank, and
-/// the chains of the hardest five along the ranks their rings share (the cover term, left out when `with_cover` is
-/// false: the slowest term, which no strategy reads); equals lower_bound() for pp = 1. See docs/cost_model.md for the
-/// proofs.
+/// the chains of the hardest five (six when the sixth needs more than a node) along the ranks their rings share (the
+/// cover term, left out when `with_cover` is false: the slowest term, which no strategy reads); equals lower_bound()
+/// for pp = 1. See docs/cost_model.md for the proofs.
 double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, int vpp = 1,
                    bool with_cover = true);
 
