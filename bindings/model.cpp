@@ -86,6 +86,9 @@ void bind_model(py::module_& m) {
       .add("inter_node_bandwidth", &Cluster::inter_node_bandwidth, "bytes/s of one ring hop across nodes")
       .add("intra_node_latency", &Cluster::intra_node_latency, "seconds per ring hop inside a node")
       .add("inter_node_latency", &Cluster::inter_node_latency, "seconds per ring hop across nodes")
+      .add("seq_pad_multiple", &Cluster::seq_pad_multiple,
+           "k: each sequence of a d-rank ring is padded to a multiple of k*d rows (2 for zigzag; lcm(2, tp) with "
+           "sequence parallelism)")
       .done();
   cluster.def_property_readonly("num_nodes", &Cluster::num_nodes)
       .def("validate", &Cluster::validate, "Raise ValueError naming the first bad field.");
@@ -108,7 +111,20 @@ void bind_model(py::module_& m) {
       .done();
   cost.def("validate", &CostModel::validate, "Raise ValueError naming the first bad coefficient.")
       .def("token_capacity", &CostModel::token_capacity, py::arg("cluster"), "Tokens one rank can hold.")
-      .def("min_degree", &CostModel::min_degree, py::arg("tokens"), py::arg("cluster"))
+      .def(
+          "min_degree",
+          [](const CostModel& c, std::int64_t tokens, const Cluster& cl) { return c.min_degree(tokens, cl); },
+          py::arg("tokens"), py::arg("cluster"), "Smallest CP degree one sequence of `tokens` fits once padded.")
+      .def(
+          "rows",
+          [](const CostModel& c, const py::object& lengths, int d, const Cluster& cl) {
+            if (d < 1) throw InvalidArgument("degree must be >= 1, got " + std::to_string(d));
+            std::int64_t rows = 0;
+            for (auto len : to_int64_vector(lengths, "lengths")) rows += cl.padded_rows(len, d);
+            return rows;
+          },
+          py::arg("lengths"), py::arg("degree"), py::arg("cluster"),
+          "Rows each rank of a `degree`-rank ring holds for these sequences once padded (exact).")
       .def(
           "time",
           [](const CostModel& c, const py::object& lengths, int d, const Cluster& cl, Mask mask, py::object crosses) {

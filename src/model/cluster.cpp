@@ -22,13 +22,17 @@ void Cluster::validate() const {
   positive("inter_node_bandwidth", inter_node_bandwidth);
   nonneg("intra_node_latency", intra_node_latency);
   nonneg("inter_node_latency", inter_node_latency);
+  if (seq_pad_multiple < 1 || seq_pad_multiple > 4096)
+    invalid("Cluster.seq_pad_multiple is ", seq_pad_multiple,
+            "; it must be in [1, 4096] (2 for zigzag ring attention, lcm(2, tp) with sequence parallelism)");
 }
 
 std::string Cluster::describe() const {
   return detail::cat("Cluster(num_ranks=", num_ranks, ", ranks_per_node=", ranks_per_node,
                      ", activation_budget=", activation_budget, ", intra_node_bandwidth=", intra_node_bandwidth,
                      ", inter_node_bandwidth=", inter_node_bandwidth, ", intra_node_latency=", intra_node_latency,
-                     ", inter_node_latency=", inter_node_latency, ")");
+                     ", inter_node_latency=", inter_node_latency,
+                     ", seq_pad_multiple=", seq_pad_multiple, ")");
 }
 
 }  // namespace dynacp

@@ -62,10 +62,12 @@ Plan plan(const Batch& batch, const Cluster& cluster, const CostModel& cost, con
   options.validate();
   const auto& strategy = solve::find_strategy(options.strategy);
   const std::int64_t cap = cost.token_capacity(cluster);
+  const std::int64_t k = cluster.seq_pad_multiple, most = cap / k * k * cluster.num_ranks;
   for (std::size_t i = 0; i < batch.size(); ++i)
-    if (batch.lengths[i] > cap * cluster.num_ranks)
+    if (batch.lengths[i] > most)
       invalid("sequence ", i, " has ", batch.lengths[i], " tokens but the whole pool of ", cluster.num_ranks,
-              " ranks holds at most ", cap * cluster.num_ranks, " (", cap, " per rank)");
+              " ranks holds at most ", most, " tokens of one sequence (", cap,
+              " rows per rank; a sequence is padded to a multiple of ", k, " x ", cluster.num_ranks, " rows)");
 
   const double lb = options.pp > 1 ? lower_bound(batch, cluster, cost, options) : -1.0;  // once, not per candidate
   PlanOptions opts = options;

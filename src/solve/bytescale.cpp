@@ -83,16 +83,17 @@ Plan bytescale(const Batch& batch, const Cluster& cluster, const CostModel& cost
     }
     // one microbatch for the most lagging rank: best-fit pack single-rank sequences of this bucket
     std::vector<std::int64_t> mb;
-    std::int64_t room = cap;
+    std::int64_t room = cap;  // padded rows left on the rank
+    auto rows = [&](std::int64_t id) { return cluster.padded_rows(len(id), 1); };
     for (auto it = bucket->begin(); it != bucket->end();) {
-      if (cost.min_degree(len(*it), cluster) == 1 && len(*it) <= room) {
-        room -= len(*it);
+      if (cost.min_degree(len(*it), cluster) == 1 && rows(*it) <= room) {
+        room -= rows(*it);
         mb.push_back(*it);
         it = bucket->erase(it);
       } else {
         ++it;
       }
-      if (room < len(bucket->empty() ? 0 : bucket->back())) break;  // the bucket is sorted longest first
+      if (bucket->empty() || room < rows(bucket->back())) break;  // the bucket is sorted longest first
     }
     if (mb.empty()) {  // only multi-rank sequences left behind the head: take the next one
       mb.push_back(bucket->front());

@@ -38,6 +38,7 @@ struct Seq {
   double eta;
   double work;  // eta*a*s^2 + b*s
   int dmin;
+  std::int64_t rows1 = 0;  // padded rows when it runs alone on one rank (Cluster::padded_rows(len, 1))
   double t1 = 0.0;  // T(s, 1)
   // T(s, d) on the pieces [lo[0], rpn] (ring inside a node) and [lo[1], P] (across nodes): arg[k] is the
   // minimiser of piece k (CostModel::piece_minima; 0 when the piece is empty).
@@ -46,7 +47,7 @@ struct Seq {
 
 struct Bin {                      // one group of short sequences on one rank
   std::vector<std::size_t> seqs;  // indices into the Seq array
-  std::int64_t tokens = 0;
+  std::int64_t rows = 0;          // padded rows on its rank: the sum of its sequences' rows1
   double work = 0.0;
 };
 
@@ -146,6 +147,7 @@ class Builder {
       const double eta = cost_.eta(b.mask(i));
       Seq q{static_cast<std::int64_t>(i), b.lengths[i], eta, cost_.work(b.lengths[i], b.mask(i)),
             cost_.min_degree(b.lengths[i], cluster_)};
+      q.rows1 = cluster_.padded_rows(q.len, 1);
       q.lo[0] = q.dmin, q.lo[1] = std::max(q.dmin, cluster_.ranks_per_node + 1);
       GroupStats g;
       g.add(q.len, q.eta);
@@ -271,7 +273,7 @@ class Builder {
       while (!heap.empty()) {
         const Item it = heap.top();
         heap.pop();
-        if (bins[static_cast<std::size_t>(it.second)].tokens + q.len <= cap_) {
+        if (bins[static_cast<std::size_t>(it.second)].rows + q.rows1 <= cap_) {
           r = it.second;
           break;
         }
@@ -284,7 +286,7 @@ class Builder {
         continue;
       }
       auto& b = bins[static_cast<std::size_t>(r)];
-      b.seqs.push_back(i), b.tokens += q.len, b.work += q.work;
+      b.seqs.push_back(i), b.rows += q.rows1, b.work += q.work;
       heap.push({b.work, r});
     }
     // empty ranks take half of the heaviest group that has two or more sequences
@@ -319,7 +321,7 @@ class Builder {
     Bin a, b;
     for (std::size_t i : ids) {
       Bin& to = a.work <= b.work ? a : b;
-      to.seqs.push_back(i), to.tokens += seqs_[i].len, to.work += seqs_[i].work;
+      to.seqs.push_back(i), to.rows += seqs_[i].rows1, to.work += seqs_[i].work;
     }
     return {std::move(a), std::move(b)};
   }
@@ -356,7 +358,7 @@ class Builder {
     std::vector<std::vector<std::size_t>> slots(static_cast<std::size_t>(m));
     std::vector<double> work(static_cast<std::size_t>(m), 0.0), tokens(static_cast<std::size_t>(m), 0.0);
     for (std::size_t i : order_) {
-      const double len = static_cast<double>(seqs_[i].len);
+      const double len = static_cast<double>(seqs_[i].rows1);
       std::size_t best = 0;  // workload-first: the slot furthest below its quota
       for (std::size_t k = 1; k < slots.size(); ++k)
         if (work[k] / weight[k] < work[best] / weight[best]) best = k;
@@ -525,8 +527,8 @@ class Builder {
       const auto r = static_cast<std::size_t>(heap.top().second);
       heap.pop();
       auto& rb = bins[r];
-      if (rb.empty() || rb.back().tokens + q.len > cap_ || bin_time(rb.back()) + q.work > mu) rb.emplace_back();
-      rb.back().seqs.push_back(i), rb.back().tokens += q.len, rb.back().work += q.work;
+      if (rb.empty() || rb.back().rows + q.rows1 > cap_ || bin_time(rb.back()) + q.work > mu) rb.emplace_back();
+      rb.back().seqs.push_back(i), rb.back().rows += q.rows1, rb.back().work += q.work;
       refresh(r, ring_s[r], ring_m[r]);
       heap.push({est(r), static_cast<int>(r)});
     }
@@ -546,7 +548,7 @@ class Builder {
           auto& lb = bins[lo];
           std::size_t into = lb.size();
           for (std::size_t j = 0; j < lb.size(); ++j)
-            if (lb[j].tokens + q.len <= cap_ && bin_time(lb[j]) + q.work <= mu &&
+            if (lb[j].rows + q.rows1 <= cap_ && bin_time(lb[j]) + q.work <= mu &&
                 (into == lb.size() || lb[j].work < lb[into].work))
               into = j;
           // the estimates after the move, without performing it
@@ -601,14 +603,14 @@ class Builder {
           double room = (lead_frac < 0 ? u * std::pow(-lead_frac, lead - l) : u) - c;
           for (std::size_t i = 0; i < items.size(); ++i) {
             const Seq& q = seqs_[rb[items[i].first].seqs[items[i].second]];
-            if (taken[i] || q.work > room || nb.tokens + q.len > cap_) continue;
-            nb.seqs.push_back(rb[items[i].first].seqs[items[i].second]), nb.tokens += q.len, nb.work += q.work;
+            if (taken[i] || q.work > room || nb.rows + q.rows1 > cap_) continue;
+            nb.seqs.push_back(rb[items[i].first].seqs[items[i].second]), nb.rows += q.rows1, nb.work += q.work;
             room -= q.work, taken[i] = 1;
           }
           for (std::size_t i = items.size(); lead_frac < 0 && nb.seqs.empty() && i-- > 0;)
             if (!taken[i]) {  // the lightest left (items are heaviest first)
               const std::size_t s = rb[items[i].first].seqs[items[i].second];
-              nb.seqs.push_back(s), nb.tokens += seqs_[s].len, nb.work += seqs_[s].work, taken[i] = 1;
+              nb.seqs.push_back(s), nb.rows += seqs_[s].rows1, nb.work += seqs_[s].work, taken[i] = 1;
             }
           if (!nb.seqs.empty()) pre[static_cast<std::size_t>(r)].push_back(std::move(nb));
         }
@@ -617,7 +619,7 @@ class Builder {
           if (taken[i]) continue;
           const std::size_t s = rb[items[i].first].seqs[items[i].second];
           Bin& b = rest[items[i].first];
-          b.seqs.push_back(s), b.tokens += seqs_[s].len, b.work += seqs_[s].work;
+          b.seqs.push_back(s), b.rows += seqs_[s].rows1, b.work += seqs_[s].work;
         }
         for (auto& b : rest) std::sort(b.seqs.begin(), b.seqs.end());
         std::erase_if(rest, [](const Bin& b) { return b.seqs.empty(); });
@@ -775,13 +777,13 @@ class Builder {
         std::size_t x = rb.size(), y = rb.size();
         for (std::size_t i = 0; i < rb.size() && x == rb.size(); ++i)
           for (std::size_t j = i + 1; j < rb.size(); ++j)
-            if (rb[i].tokens + rb[j].tokens <= cap_) {
+            if (rb[i].rows + rb[j].rows <= cap_) {
               x = i, y = j;
               break;
             }
         if (x == rb.size()) break;
         for (std::size_t i : rb[y].seqs) rb[x].seqs.push_back(i);
-        rb[x].tokens += rb[y].tokens, rb[x].work += rb[y].work;
+        rb[x].rows += rb[y].rows, rb[x].work += rb[y].work;
         rb.erase(rb.begin() + static_cast<std::ptrdiff_t>(y));
       }
     }
@@ -1056,10 +1058,10 @@ class Builder {
       for (auto it = by_room.lower_bound({s.work, 0}); it != by_room.end() && tries < 8; ++it, ++tries) {
         Gap& g = gaps[it->second];
         const double need = s.work + (g.bin.seqs.empty() ? cost_.group_overhead : 0.0);
-        if (need > g.room || g.bin.tokens + s.len > cap_) continue;
+        if (need > g.room || g.bin.rows + s.rows1 > cap_) continue;
         const std::size_t gi = it->second;
         by_room.erase(it);
-        g.bin.seqs.push_back(i), g.bin.tokens += s.len, g.bin.work += s.work;
+        g.bin.seqs.push_back(i), g.bin.rows += s.rows1, g.bin.work += s.work;
         g.room -= need;
         by_room.insert({g.room, gi});
         gapped = true;
@@ -1069,9 +1071,9 @@ class Builder {
       const int r = heap.top().second;
       heap.pop();
       auto& rb = bins[static_cast<std::size_t>(r)];
-      if (rb.empty() || rb.back().tokens + s.len > cap_) rb.emplace_back();
+      if (rb.empty() || rb.back().rows + s.rows1 > cap_) rb.emplace_back();
       rb.back().seqs.push_back(i);
-      rb.back().tokens += s.len;
+      rb.back().rows += s.rows1;
       rb.back().work += s.work;
       fin[static_cast<std::size_t>(r)] = finish(base[static_cast<std::size_t>(r)], rb);
       heap.push({fin[static_cast<std::size_t>(r)], r});
@@ -1151,7 +1153,7 @@ class Builder {
           if (lo == hi) continue;
           auto& lb = bins[static_cast<std::size_t>(lo)];
           // move: into the receiver's last bin if it fits, else a new bin
-          const bool fits = !lb.empty() && lb.back().tokens + s.len <= cap_;
+          const bool fits = !lb.empty() && lb.back().rows + s.rows1 <= cap_;
           const double lo_after = fin[static_cast<std::size_t>(lo)] + s.work + (fits ? 0.0 : cost_.group_overhead);
           if (std::max(hi_after, lo_after) < cur - 1e-12) {
             if (!fits) lb.emplace_back();
@@ -1166,12 +1168,12 @@ class Builder {
             for (std::size_t j = 0; j < rb.seqs.size() && seen < kItems; ++j, ++seen) {
               const Seq& t = seqs_[rb.seqs[j]];
               if (t.work >= s.work) continue;
-              if (hb[bi].tokens - s.len + t.len > cap_ || rb.tokens - t.len + s.len > cap_) continue;
+              if (hb[bi].rows - s.rows1 + t.rows1 > cap_ || rb.rows - t.rows1 + s.rows1 > cap_) continue;
               const double delta = s.work - t.work;
               if (std::max(cur - delta, fin[static_cast<std::size_t>(lo)] + delta) < cur - 1e-12) {
                 std::swap(hb[bi].seqs[k], rb.seqs[j]);
-                hb[bi].tokens += t.len - s.len, hb[bi].work -= delta;
-                rb.tokens += s.len - t.len, rb.work += delta;
+                hb[bi].rows += t.rows1 - s.rows1, hb[bi].work -= delta;
+                rb.rows += s.rows1 - t.rows1, rb.work += delta;
                 fin[static_cast<std::size_t>(hi)] = finish(base[static_cast<std::size_t>(hi)], hb);
                 fin[static_cast<std::size_t>(lo)] = finish(base[static_cast<std::size_t>(lo)], lb);
                 return true;
@@ -1186,9 +1188,9 @@ class Builder {
   void move_item(Bin& from, std::size_t k, Bin& to) const {
     const Seq& s = seqs_[from.seqs[k]];
     to.seqs.push_back(from.seqs[k]);
-    to.tokens += s.len, to.work += s.work;
+    to.rows += s.rows1, to.work += s.work;
     from.seqs.erase(from.seqs.begin() + static_cast<std::ptrdiff_t>(k));
-    from.tokens -= s.len, from.work -= s.work;
+    from.rows -= s.rows1, from.work -= s.work;
   }
 
   const Batch& batch_;
@@ -1218,7 +1220,7 @@ bool counts_ok(const Plan& plan, int P, const PlanOptions& o) {
 // microbatches, so both count rules hold; an empty plan when m = 0 or the tokens do not fit.
 Plan pool_slots(const Batch& batch, const Cluster& cluster, const CostModel& cost, int multiple) {
   const auto n = static_cast<std::int64_t>(batch.size());
-  const std::int64_t m = n / multiple * multiple, room = cost.token_capacity(cluster) * cluster.num_ranks;
+  const std::int64_t m = n / multiple * multiple, cap = cost.token_capacity(cluster);
   if (m == 0) return {};
   std::vector<std::int64_t> ids(batch.size());
   std::iota(ids.begin(), ids.end(), std::int64_t{0});
@@ -1227,7 +1229,8 @@ Plan pool_slots(const Batch& batch, const Cluster& cluster, const CostModel& cos
   };
   std::stable_sort(ids.begin(), ids.end(), [&](std::int64_t a, std::int64_t b) { return work(a) > work(b); });
   std::vector<double> load(static_cast<std::size_t>(m), 0.0);
-  std::vector<std::int64_t> tokens(static_cast<std::size_t>(m), 0);
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(m), 0);  // padded rows per rank of each slot's group
+  auto rows_of = [&](std::int64_t i) { return cluster.padded_rows(batch.lengths[static_cast<std::size_t>(i)], cluster.num_ranks); };
   Plan plan;
   plan.microbatches.resize(static_cast<std::size_t>(m));
   std::vector<int> all(static_cast<std::size_t>(cluster.num_ranks));
@@ -1236,11 +1239,11 @@ Plan pool_slots(const Batch& batch, const Cluster& cluster, const CostModel& cos
   for (std::int64_t i : ids) {
     std::size_t best = load.size();
     for (std::size_t k = 0; k < load.size(); ++k)
-      if (tokens[k] + batch.lengths[static_cast<std::size_t>(i)] <= room &&
+      if (rows[k] + rows_of(i) <= cap &&
           (best == load.size() || load[k] < load[best]))
         best = k;
     if (best == load.size()) return {};
-    load[best] += work(i), tokens[best] += batch.lengths[static_cast<std::size_t>(i)];
+    load[best] += work(i), rows[best] += rows_of(i);
     plan.microbatches[best][0].sequences.push_back(i);
   }
   for (auto& slot : plan.microbatches) std::sort(slot[0].sequences.begin(), slot[0].sequences.end());

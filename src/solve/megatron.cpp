@@ -27,7 +27,8 @@ namespace {
 struct MGroup {
   int size;
   std::vector<std::int64_t> ids;
-  std::int64_t tokens = 0;  // total tokens (per-rank share = tokens / size)
+  std::int64_t tokens = 0;  // total tokens
+  std::int64_t rows = 0;    // padded rows per rank at `size` (Cluster::padded_rows); stale after a doubling
   double sq = 0.0;          // sum s^2
   double cost() const { return sq / size; }
 };
@@ -79,7 +80,7 @@ std::vector<std::vector<Group>> split_microbatch(const std::vector<Group>& slot,
   std::vector<MGroup> left, right;
   int covered = 0;
   for (const auto& g : slot) {
-    (covered < P / 2 ? left : right).push_back({static_cast<int>(g.ranks.size()), g.sequences});
+    (covered < P / 2 ? left : right).push_back({static_cast<int>(g.ranks.size()), g.sequences, 0, 0, 0.0});
     covered += static_cast<int>(g.ranks.size());
   }
   if (right.empty() || !fill_by_doubling(left, P) || !fill_by_doubling(right, P)) return {};
@@ -92,8 +93,9 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
   const int P = cluster.num_ranks;
   const std::int64_t cap = cost.token_capacity(cluster);
   auto len = [&](std::int64_t id) { return batch.lengths[static_cast<std::size_t>(id)]; };
+  auto rows = [&](std::int64_t s, int cp) { return cluster.padded_rows(s, cp); };
   auto cp_min = [&](std::int64_t s) {
-    const int c = pow2_at_least((s + cap - 1) / cap);
+    const int c = pow2_at_least(cost.min_degree(s, cluster));
     return c <= P ? c : P;
   };
   std::vector<std::int64_t> remaining(batch.size());
@@ -113,12 +115,13 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
     auto add_to = [&](MGroup& g, std::int64_t id) {
       g.ids.push_back(id);
       g.tokens += len(id);
+      g.rows += rows(len(id), g.size);
       g.sq += static_cast<double>(len(id)) * static_cast<double>(len(id));
       global_max = std::max(global_max, g.cost());
     };
     // a group that cannot take even the shortest remaining sequence leaves the "add" candidates
     const std::int64_t shortest = len(remaining.back());
-    auto has_room = [&](const MGroup& g) { return static_cast<std::int64_t>(g.size) * cap - g.tokens >= shortest; };
+    auto has_room = [&](const MGroup& g) { return cap - g.rows >= rows(shortest, g.size); };
     for (std::size_t k = 0; k < remaining.size(); ++k) {
       const std::int64_t id = remaining[k];
       const std::int64_t s = len(id);
@@ -132,14 +135,14 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
           // the score grows with the group's sum s^2, so the first group with token room is the best "add"
           for (const auto& [sq, gi] : by_size[static_cast<std::size_t>(cp)]) {
             const MGroup& g = groups[gi];
-            if ((g.tokens + s + cp - 1) / cp > cap) continue;
+            if (g.rows + rows(s, cp) > cap) continue;
             const double score = std::max(global_max, (g.sq + s2) / cp);
             if (score <= cost_cap && (best_kind < 0 || score < best_score))
               best_kind = 0, best_group = gi, best_cp = cp, best_score = score;
             break;
           }
         }
-        if (used + cp <= P && (s + cp - 1) / cp <= cap) {
+        if (used + cp <= P && rows(s, cp) <= cap) {
           const double score = std::max(global_max, s2 / cp);
           if ((score <= cost_cap || k == 0) && (best_kind < 0 || score < best_score))
             best_kind = 1, best_cp = cp, best_score = score;
@@ -153,7 +156,7 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
         add_to(groups[best_group], id);
         if (has_room(groups[best_group])) set.insert({groups[best_group].sq, best_group});
       } else if (best_kind == 1) {
-        groups.push_back({best_cp, {}, 0, 0.0});
+        groups.push_back({best_cp, {}, 0, 0, 0.0});
         used += best_cp;
         add_to(groups.back(), id);
         if (has_room(groups.back()))
@@ -168,9 +171,9 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
       std::vector<std::int64_t> all;
       for (const auto& g : groups) all.insert(all.end(), g.ids.begin(), g.ids.end());
       std::stable_sort(all.begin(), all.end(), [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
-      groups.assign(1, MGroup{P, {}, 0, 0.0});
+      groups.assign(1, MGroup{P, {}, 0, 0, 0.0});
       for (auto id : all) {
-        if ((groups[0].tokens + len(id) + P - 1) / P <= cap)
+        if (groups[0].rows + rows(len(id), P) <= cap)
           add_to(groups[0], id);
         else
           leftover.push_back(id);

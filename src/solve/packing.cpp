@@ -8,20 +8,23 @@
 namespace dynacp::solve {
 
 std::vector<std::vector<std::int64_t>> first_fit(const Batch& batch, std::span<const std::int64_t> ids,
-                                                 std::int64_t capacity) {
+                                                 const Cluster& cluster, int degree, std::int64_t capacity) {
   std::vector<std::vector<std::int64_t>> packs;
-  std::vector<std::int64_t> free;
+  std::vector<std::int64_t> free;  // rows per rank still free in each pack
   for (auto id : ids) {
     const std::int64_t len = batch.lengths[static_cast<std::size_t>(id)];
-    if (len > capacity) invalid("sequence ", id, " has ", len, " tokens; a pack holds at most ", capacity);
+    const std::int64_t rows = cluster.padded_rows(len, degree);
+    if (rows > capacity)
+      invalid("sequence ", id, " has ", len, " tokens (", rows, " padded rows on each of ", degree,
+              " ranks); a pack holds at most ", capacity, " rows per rank");
     std::size_t k = 0;
-    while (k < packs.size() && free[k] < len) ++k;
+    while (k < packs.size() && free[k] < rows) ++k;
     if (k == packs.size()) {
       packs.emplace_back();
       free.push_back(capacity);
     }
     packs[k].push_back(id);
-    free[k] -= len;
+    free[k] -= rows;
   }
   return packs;
 }
@@ -41,23 +44,27 @@ std::vector<AtomicGroup> best_fit_decreasing(const Batch& batch, const CostModel
                                              std::span<const std::int64_t> ids) {
   const std::int64_t cap = cost.token_capacity(cluster);
   std::vector<AtomicGroup> groups;
-  std::vector<std::int64_t> free;  // remaining token budget per group
+  std::vector<std::int64_t> free;  // padded rows per rank still free at the group's min degree
+  // Best fit by the free room in tokens over the whole ring, (free rows per rank) x (min degree).
+  auto room = [&](std::size_t k) { return free[k] * groups[k].min_degree; };
   for (auto id : sorted_by_length_desc(batch, ids)) {
     const std::int64_t len = batch.lengths[static_cast<std::size_t>(id)];
     const double eta = cost.eta(batch.mask(static_cast<std::size_t>(id)));
-    const int dmin = static_cast<int>(std::max<std::int64_t>(1, (len + cap - 1) / cap));
+    const int dmin = cost.min_degree(len, cluster);
     std::size_t best = groups.size();
     if (dmin == 1) {
       for (std::size_t k = 0; k < groups.size(); ++k)
-        if (free[k] >= len && (best == groups.size() || free[k] < free[best])) best = k;
+        if (free[k] >= cluster.padded_rows(len, groups[k].min_degree) &&
+            (best == groups.size() || room(k) < room(best)))
+          best = k;
     }
     if (best == groups.size()) {
       groups.push_back({{}, {}, dmin});
-      free.push_back(static_cast<std::int64_t>(dmin) * cap);
+      free.push_back(cap);
     }
     groups[best].ids.push_back(id);
     groups[best].stats.add(len, eta);
-    free[best] -= len;
+    free[best] -= cluster.padded_rows(len, groups[best].min_degree);
   }
   return groups;
 }

@@ -32,7 +32,7 @@ Plan packing(const Batch& batch, const Cluster& cluster, const CostModel& cost, 
   while (cluster.num_ranks % cp != 0) ++cp;
   const int dp = cluster.num_ranks / cp;
   const auto ids = all_ids(batch);
-  const auto packs = first_fit(batch, ids, static_cast<std::int64_t>(cp) * cost.token_capacity(cluster));
+  const auto packs = first_fit(batch, ids, cluster, cp, cost.token_capacity(cluster));
   Plan plan;
   plan.microbatches.resize((packs.size() + static_cast<std::size_t>(dp) - 1) / static_cast<std::size_t>(dp));
   for (std::size_t k = 0; k < packs.size(); ++k) {

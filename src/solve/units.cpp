@@ -55,7 +55,9 @@ class Units {
     const int rpn = cluster_.ranks_per_node;
     return width <= rpn ? start / rpn == (start + width - 1) / rpn : start % rpn == 0 && width % rpn == 0;
   }
-  bool fits(std::size_t i, int width) const { return batch_.lengths[i] <= cost_.token_capacity(cluster_) * width; }
+  /// Padded rows per rank of sequence i on a ring of `width` ranks.
+  std::int64_t rows(std::size_t i, int width) const { return cluster_.padded_rows(batch_.lengths[i], width); }
+  bool fits(std::size_t i, int width) const { return rows(i, width) <= cost_.token_capacity(cluster_); }
   double time(const GroupStats& g, int width) const {
     return cost_.time(g, width, width > cluster_.ranks_per_node, cluster_);
   }
@@ -106,13 +108,14 @@ class Units {
 // left against profile_j S / m (S: the unit's per-rank time at m microbatches) among those with token room.
 Packed Units::pack(const std::vector<std::int64_t>& ids, int width, int m) {
   const double c = cost_.group_overhead;
-  const std::int64_t room = cost_.token_capacity(cluster_) * width;
+  const std::int64_t cap = cost_.token_capacity(cluster_);
   const auto& t1 = alone(width);
   double S = m * c;
   for (std::int64_t id : ids) S += t1[static_cast<std::size_t>(id)] - c;
   const std::vector<double> profile = one_f_one_b_profile(m, pp_);
   const auto M = static_cast<std::size_t>(m);
   std::vector<GroupStats> stats(M);
+  std::vector<std::int64_t> used(M, 0);  // padded rows per rank
   std::vector<double> time(M, 0.0);
   std::vector<std::vector<std::int64_t>> bins(M);
   for (std::int64_t id : ids) {
@@ -120,7 +123,7 @@ Packed Units::pack(const std::vector<std::int64_t>& ids, int width, int m) {
     std::size_t best = M;
     double best_left = 0.0, best_time = 0.0;
     for (std::size_t j = 0; j < M; ++j) {
-      if (stats[j].tokens + batch_.lengths[i] > room) continue;
+      if (used[j] + rows(i, width) > cap) continue;
       GroupStats g = stats[j];
       g.add(batch_.lengths[i], cost_.eta(batch_.mask(i)));
       const double t = this->time(g, width);
@@ -129,6 +132,7 @@ Packed Units::pack(const std::vector<std::int64_t>& ids, int width, int m) {
     }
     if (best == M) return {};
     stats[best].add(batch_.lengths[i], cost_.eta(batch_.mask(i)));
+    used[best] += rows(i, width);
     time[best] = best_time;
     bins[best].push_back(id);
   }
@@ -253,10 +257,11 @@ Plan Units::run(const std::vector<Unit>& units, std::vector<std::vector<std::int
 double Units::split(std::vector<std::int64_t> ids, int start, int width, std::vector<Group>& out) {
   if (width % 2 == 0 && ids.size() >= 2) {
     const int half = width / 2;
-    const std::int64_t room = cost_.token_capacity(cluster_) * half;
+    const std::int64_t cap = cost_.token_capacity(cluster_);
     sort_heaviest_first(ids, half);
     std::vector<std::int64_t> part[2];
     GroupStats g[2];
+    std::int64_t used[2] = {0, 0};  // padded rows per rank of each half
     double t[2] = {0.0, 0.0};
     bool ok = true;
     for (std::int64_t id : ids) {
@@ -265,11 +270,12 @@ double Units::split(std::vector<std::int64_t> ids, int start, int width, std::ve
       for (int k = 0; k < 2; ++k) {
         GroupStats h = g[k];
         h.add(batch_.lengths[i], cost_.eta(batch_.mask(i)));
-        after[k] = h.tokens <= room ? time(h, half) : kInf;
+        after[k] = used[k] + rows(i, half) <= cap ? time(h, half) : kInf;
       }
       const int k = after[1] < after[0] ? 1 : 0;
       if (after[k] == kInf) ok = false;
       g[k].add(batch_.lengths[i], cost_.eta(batch_.mask(i))), t[k] = after[k], part[k].push_back(id);
+      used[k] += rows(i, half);
     }
     if (ok && !part[1].empty() && std::max(t[0], t[1]) < time(group_stats(batch_, cost_, ids), width) - 1e-12) {
       const double a = split(std::move(part[0]), start, half, out);

@@ -111,21 +111,28 @@ TEST(Packing, FirstFitAndBestFitDecreasingByHand) {
   const Batch b({60, 50, 30, 250, 40, 10});
   const std::vector<std::int64_t> ids{0, 1, 2, 3, 4, 5};
   const std::vector<std::int64_t> ff_ids{0, 1, 2, 4, 5};
-  // first fit, capacity 100, arrival order: [60,30,10] [50,40]
-  const auto ff = first_fit(b, ff_ids, 100);
+  // first fit, capacity 100, arrival order: [60,30,10] [50,40] (even lengths: no padding at degree 1)
+  const auto ff = first_fit(b, ff_ids, c, 1, 100);
   ASSERT_EQ(ff.size(), 2u);
   EXPECT_EQ(ff[0], (std::vector<std::int64_t>{0, 2, 5}));
   EXPECT_EQ(ff[1], (std::vector<std::int64_t>{1, 4}));
-  EXPECT_THROW(first_fit(b, ids, 100), InvalidArgument);
-  // BFD: 250 opens a 3-rank group (budget 300, 50 free); 60 -> new (40 free); 50 -> best fit: the 250-group
-  // (50 free, exact); 40 -> the 60-group (40 free, exact); 30 -> new; 10 -> the 30-group.
+  EXPECT_THROW(first_fit(b, ids, c, 1, 100), InvalidArgument);
+  // on 2 ranks every sequence pads to a multiple of 4: 30 -> 32 and 10 -> 12 tokens, 16 + 6 rows per rank
+  const auto ff2 = first_fit(b, std::vector<std::int64_t>{2, 5, 0, 4}, c, 2, 50);
+  ASSERT_EQ(ff2.size(), 2u);
+  EXPECT_EQ(ff2[0], (std::vector<std::int64_t>{2, 5, 4}));  // 16 + 6 + 20 = 42 rows (60's 30 rows: 52 > 50)
+  EXPECT_EQ(ff2[1], (std::vector<std::int64_t>{0}));
+  // BFD, 100 padded rows per rank, sequences padded to multiples of 2 d: 250 opens a 3-rank group (2 ceil(250/6)
+  // = 84 rows per rank, room 16 x 3 = 48 tokens); 60 -> new (room 40); 50 -> 18 more rows overflow the 3-rank
+  // group (102), so new (room 50); 40 -> best fit among those it fits: the 60-group (room 40, exact); 30 -> the
+  // 3-rank group (+10 rows = 94, room 18 < 50); 10 -> the 3-rank group (+4 rows = 98).
   const auto g = best_fit_decreasing(b, cost, c, ids);
   ASSERT_EQ(g.size(), 3u);
-  EXPECT_EQ(g[0].ids, (std::vector<std::int64_t>{3, 1}));
+  EXPECT_EQ(g[0].ids, (std::vector<std::int64_t>{3, 2, 5}));
   EXPECT_EQ(g[0].min_degree, 3);
   EXPECT_EQ(g[1].ids, (std::vector<std::int64_t>{0, 4}));
-  EXPECT_EQ(g[2].ids, (std::vector<std::int64_t>{2, 5}));
-  EXPECT_EQ(g[2].stats.tokens, 40);
+  EXPECT_EQ(g[2].ids, (std::vector<std::int64_t>{1}));
+  EXPECT_EQ(g[0].stats.tokens, 290);
 }
 
 TEST(Placement, NodeContiguousWherePossible) {
@@ -215,7 +222,7 @@ TEST(Strategies, MegatronCountsAreMultiplesOfPpUnderInterleaving) {
     const int P = 1 << (1 + static_cast<int>(rng() % 4));
     const std::int64_t cap = 1024 + static_cast<std::int64_t>(rng() % 4096);
     const Cluster c = make_cluster(P, std::min(P, 8), cap, cost);
-    const Batch b = random_batch(rng, 20 + static_cast<int>(rng() % 200), cap * P, trial % 2 == 0);
+    const Batch b = random_batch(rng, 20 + static_cast<int>(rng() % 200), cap / 2 * 2 * P, trial % 2 == 0);
     PlanOptions o;
     o.strategy = "megatron";
     o.pp = 2 + static_cast<int>(rng() % 3);
@@ -259,7 +266,7 @@ TEST(Strategies, DynacpPlansEveryInterleavedBatchWithAtLeastPpSequences) {
     o.strategy = "dynacp";
     o.pp = 2 + static_cast<int>(rng() % 2);
     o.vpp = 2;
-    const Batch b = random_batch(rng, o.pp + static_cast<int>(rng() % 40), cap * P, trial % 2 == 0);
+    const Batch b = random_batch(rng, o.pp + static_cast<int>(rng() % 40), cap / 2 * 2 * P, trial % 2 == 0);
     const Plan p = plan(b, c, cost, o);
     for (int r = 0; r < P; ++r) ASSERT_EQ(p.microbatches_of(r) % o.pp, 0) << "trial " << trial << " rank " << r;
   }
@@ -278,7 +285,7 @@ TEST(Strategies, AllPlansValidOnRandomBatchesAndNeverBeatTheLowerBound) {
     const int P = rpn * (1 + static_cast<int>(rng() % 6));
     const std::int64_t cap = 512 + static_cast<std::int64_t>(rng() % 8192);
     const Cluster c = make_cluster(P, rpn, cap, cost);
-    const Batch b = random_batch(rng, 1 + static_cast<int>(rng() % 200), cap * P, trial % 2 == 0);
+    const Batch b = random_batch(rng, 1 + static_cast<int>(rng() % 200), cap / 2 * 2 * P, trial % 2 == 0);
     for (const auto& name : strategy_names()) {
       PlanOptions o;
       o.strategy = name;

@@ -52,7 +52,7 @@ RTOL = 1e-5
 # Two global batches of 12 sequences on a pool of 4 ranks; capacity 16 tokens/rank forces CP degrees 1..4.
 BATCHES = [
     [60, 45, 30, 20, 12, 8, 7, 5, 3, 33, 17, 9],
-    [50, 2, 41, 16, 23, 1, 11, 36, 6, 19, 28, 4],
+    [50, 3, 41, 16, 23, 1, 11, 36, 6, 19, 28, 4],  # fcp rings of 1-4 ranks once padded (issue 21)
 ]
 CLUSTER = dict(num_ranks=4, ranks_per_node=4, activation_budget=16.0)
 COST = dict(mem_per_token=1.0)

@@ -13,9 +13,18 @@ struct Cluster {
   double inter_node_bandwidth = 50e9;   ///< bytes/s per ring hop across nodes (400 Gb/s NIC per GPU, nominal)
   double intra_node_latency = 25e-6;    ///< seconds per ring hop inside a node (fitted to nccl-tests)
   double inter_node_latency = 30e-6;    ///< seconds per ring hop across nodes
+  /// k: the runtime pads every sequence of a d-rank ring to a multiple of k * d rows, so each rank holds
+  /// k * ceil(s / (k d)) rows of it (docs/runtime.md). 2 for zigzag ring attention; lcm(2, tp) with tensor-parallel
+  /// sequence parallelism (each rank's rows must also split evenly over its TP peers).
+  int seq_pad_multiple = 2;
 
   int num_nodes() const { return num_ranks / ranks_per_node; }
   int node_of(int rank) const { return rank / ranks_per_node; }
+  /// Rows each rank of a d-rank ring holds for one sequence of `len` tokens after padding: k * ceil(len / (k d)).
+  std::int64_t padded_rows(std::int64_t len, int d) const {
+    const std::int64_t unit = static_cast<std::int64_t>(seq_pad_multiple) * d;
+    return (len + unit - 1) / unit * seq_pad_multiple;
+  }
 
   /// Throws InvalidArgument naming the bad field (P <= 0, ranks_per_node not dividing P, non-positive budget or
   /// bandwidth, negative or NaN latency).

@@ -5,7 +5,9 @@
 //   T_attn    = eta * a * sum s^2 / d                          (the part the ring exchange overlaps with)
 //   T_comm    = (d - 1) * (latency + (sum s / d) * kv_bytes_per_token / bandwidth),   0 when d = 1
 //               latency/bandwidth are intra-node when all d ranks share a node, inter-node otherwise
-//   M(G,d)   = m * sum s / d + static                          must be <= Cluster::activation_budget
+//   M(G,d)   = m * R(G,d) + static                             must be <= Cluster::activation_budget
+//   R(G,d)   = sum_i k * ceil(s_i / (k d))                      rows per rank after the runtime's padding
+//               (k = Cluster::seq_pad_multiple); plans keep R(G,d) <= token_capacity on every group
 //
 // All coefficients describe one whole training step of one microbatch (all layers, forward + backward).
 #pragma once
@@ -51,8 +53,19 @@ struct CostModel {
 
   /// Tokens one rank can hold: floor((budget - static) / m). Throws if the budget cannot hold one token.
   std::int64_t token_capacity(const Cluster& cluster) const;
-  /// Smallest CP degree whose per-rank share fits the budget: ceil(tokens / capacity).
+  /// Smallest CP degree on which ONE sequence of `tokens` fits the budget once padded: the least d with
+  /// k * ceil(tokens / (k d)) <= capacity (k = seq_pad_multiple); ceil(tokens / capacity) when the capacity is a
+  /// multiple of k. For a group of several sequences it is a lower bound on the group's least degree.
   int min_degree(std::int64_t tokens, const Cluster& cluster) const;
+  /// Rows per rank of group g on d ranks after padding, from its statistics alone: exact for one sequence, and for
+  /// several an upper bound at most count * k rows above the exact sum (every sequence's padding is < k d rows in
+  /// all, and the sum is a multiple of k): k * floor((floor((tokens - count) / d) + count * k) / k).
+  std::int64_t rows(const GroupStats& g, int d, const Cluster& cluster) const;
+  /// rows(g, d) <= token_capacity: the group fits d ranks once padded (a sufficient test; exact for one sequence).
+  bool fits(const GroupStats& g, int d, const Cluster& cluster) const;
+  /// Smallest degree on which `fits` holds; kNoDegree when no degree does (count * k rows exceed the capacity).
+  int min_degree(const GroupStats& g, const Cluster& cluster) const;
+  static constexpr int kNoDegree = 1 << 30;
 
   double compute_time(const GroupStats& g, int d) const;
   double attn_time(const GroupStats& g, int d) const;
@@ -67,8 +80,8 @@ struct CostModel {
   std::array<int, 2> piece_minima(const GroupStats& g, int dmin, const Cluster& cluster) const;
   /// The better of piece_minima (ties: the smaller degree).
   int best_degree(const GroupStats& g, int dmin, const Cluster& cluster) const;
-  /// Per-rank activation bytes M(G,d).
-  double memory(const GroupStats& g, int d) const;
+  /// Per-rank activation bytes M(G,d) = m * rows(g, d) + static.
+  double memory(const GroupStats& g, int d, const Cluster& cluster) const;
   /// Work of one sequence in rank-seconds when run alone on one rank without overheads: eta*a*s^2 + b*s.
   double work(std::int64_t len, Mask mask) const;
 

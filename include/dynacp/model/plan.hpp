@@ -24,7 +24,7 @@ struct Predicted {
   double step_time = 0.0;                 ///< seconds until the last rank finishes
   double lower_bound = 0.0;               ///< no plan of this batch can be faster (seconds)
   std::vector<double> per_rank_time;      ///< busy seconds per rank
-  std::int64_t peak_tokens_per_rank = 0;  ///< largest per-rank token share in any group
+  std::int64_t peak_tokens_per_rank = 0;  ///< most rows (tokens and their padding) a rank holds in any group
   // Extensions (later format additions never remove fields above).
   double bubble_fraction = 0.0;  ///< idle share of step_time x P (pipeline bubbles + imbalance)
   bool operator==(const Predicted&) const = default;
@@ -45,7 +45,7 @@ struct Plan {
   std::vector<int> microbatch_counts(int num_ranks) const;
   /// Checks the invariants; throws InvalidArgument describing the first violation:
   /// every id in [0, n) exactly once, ranks in [0, P) and at most once per slot, no empty group, and every
-  /// group's per-rank share ceil(sum s / d) within the token capacity of `cost` on `cluster`.
+  /// group's padded rows per rank, sum of k * ceil(s / (k d)) (Cluster::padded_rows), within the token capacity.
   void validate(const Batch& batch, const Cluster& cluster, const CostModel& cost) const;
   /// A stable 64-bit FNV-1a digest of the assignment (strategy, ranks, slots, groups); excludes timings.
   std::uint64_t digest() const;

@@ -10,21 +10,24 @@
 
 namespace dynacp::solve {
 
-/// A group of packed sequences that must run as one CP ring of at least `min_degree` ranks.
+/// A group of packed sequences that must run as one CP ring of at least `min_degree` ranks (it fits there once
+/// padded, and so on any larger ring: padded rows per rank never grow with the degree).
 struct AtomicGroup {
   std::vector<std::int64_t> ids;
   GroupStats stats;
   int min_degree = 1;
 };
 
-/// First-fit in the given order into packs of `capacity` tokens (a pack is opened when nothing fits).
-/// Throws InvalidArgument if one sequence exceeds the capacity.
+/// First-fit in the given order into packs for rings of `degree` ranks holding at most `capacity` padded rows per
+/// rank (Cluster::padded_rows; a pack is opened when nothing fits). Throws InvalidArgument if one sequence exceeds
+/// the capacity.
 std::vector<std::vector<std::int64_t>> first_fit(const Batch& batch, std::span<const std::int64_t> ids,
-                                                 std::int64_t capacity);
+                                                 const Cluster& cluster, int degree, std::int64_t capacity);
 
 /// Memory-aware Best-Fit-Decreasing. Sequences sorted by length (descending, ties by id). A sequence needing
-/// d_min = ceil(s / C) > 1 ranks opens a group with budget d_min * C; others go to the open group with the least
-/// remaining budget that still fits (ties: the earliest opened), or open a group of budget C.
+/// d_min = min_degree(s) > 1 ranks opens a group of that degree; others go to the open group with the least
+/// remaining room (free padded rows per rank x its degree) that still fits them once padded at its degree (ties:
+/// the earliest opened), or open a group of degree 1. Each rank holds at most C padded rows.
 std::vector<AtomicGroup> best_fit_decreasing(const Batch& batch, const CostModel& cost, const Cluster& cluster,
                                              std::span<const std::int64_t> ids);
 
