@@ -49,7 +49,8 @@ struct CostModel {
   /// Throws InvalidArgument for a negative, NaN or infinite coefficient (naming it), or mem_per_token <= 0.
   void validate() const;
 
-  /// Tokens one rank can hold: floor((budget - static) / m). Throws if the budget cannot hold one token.
+  /// Tokens one rank can hold: Cluster::tokens_per_rank when it is set (> 0), else floor((budget - static) / m).
+  /// Throws if the budget cannot hold one token.
   std::int64_t token_capacity(const Cluster& cluster) const;
   /// Smallest CP degree whose per-rank share fits the budget: ceil(tokens / capacity).
   int min_degree(std::int64_t tokens, const Cluster& cluster) const;
