@@ -45,7 +45,7 @@ def _fmt(key: str, v: Optional[float]) -> str:
         return f"{v:.3f}x" if key == "speedup_vs_packing" else f"{v:.3f}"
     if key == "peak_tokens_per_rank":
         return f"{int(v):d}"
-    return f"{v:.1f}" if key != "solve_ms_median" else f"{v:.3f}"
+    return f"{v:.1f}" if key != "median_solve_ms" else f"{v:.3f}"
 
 
 def _table(result: Dict[str, Any]) -> str:

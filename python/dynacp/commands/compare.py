@@ -30,7 +30,7 @@ COLUMNS = [
      "max over the batches; never above --tokens-per-rank"),
     ("mb", "microbatches_mean", "microbatch slots of the plan (count; each rank runs its groups slot by slot), mean "
      "over the batches"),
-    ("solve ms", "solve_ms_median", "wall-clock milliseconds the strategy took to plan one batch, measured on this "
+    ("solve ms", "median_solve_ms", "wall-clock milliseconds the strategy took to plan one batch, measured on this "
      "machine, median over the batches"),
 ]
 KEYS = [key for _, key, _ in COLUMNS]
@@ -145,7 +145,7 @@ def run_comparison(args: argparse.Namespace) -> Comparison:
             "max_over_mean_rank_time": _finite(r["balance"].mean()),
             "peak_tokens_per_rank": int(r["peak"].max()),
             "microbatches_mean": _finite(r["mb"].mean()),
-            "solve_ms_median": _finite(np.median(r["solve"])),
+            "median_solve_ms": _finite(np.median(r["solve"])),
             "lower_bound_ms": _finite(r["lb"].mean() * 1e3),
         }
     lbs = [r["lower_bound_ms"] for r in out.values() if r.get("lower_bound_ms") is not None]
@@ -185,7 +185,7 @@ def format_table(result: Dict[str, Any], describe: str) -> str:
         lines.append(
             f"{name:<10} {r['step_time_ms']:>10.1f} {sp} {r['gap_to_lower_bound']:>8.1%} "
             f"{r['max_over_mean_rank_time']:>9.3f} {r['peak_tokens_per_rank']:>13d} {r['microbatches_mean']:>5.1f} "
-            f"{r['solve_ms_median']:>9.3f}")
+            f"{r['median_solve_ms']:>9.3f}")
     lb = result["lower_bound_ms"]
     lines.append(f"lower bound (mean over batches): {'n/a' if lb is None else f'{lb:.1f} ms'}; speed-up and gap are "
                  "means of per-batch ratios; times predicted by the cost model, solve ms measured (dynacp compare -h "
