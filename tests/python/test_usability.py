@@ -85,7 +85,7 @@ def test_a_too_short_lengths_file_is_an_error_unless_wrap(lengths_file, capsys) 
     assert src["wrap"] is True and src["entries_in_file"] == 10
 
 
-def test_batches_start_at_entry_0_and_the_plan_records_its_source(lengths_file, tmp_path) -> None:
+def test_batches_start_at_entry_0_and_the_plan_records_its_source(lengths_file, tmp_path, capsys) -> None:
     file_lengths = np.loadtxt(lengths_file, dtype=np.int64)
     out = tmp_path / "plan.json"
     base = ["plan", "--lengths", str(lengths_file), "--ranks", "8", "--out", str(out), "-q"]
@@ -100,6 +100,10 @@ def test_batches_start_at_entry_0_and_the_plan_records_its_source(lengths_file, 
     entries = doc["source"]["entries"]
     assert entries == np.random.default_rng(3).permutation(10)[:6].tolist() and doc["source"]["seed"] == 3
     # every sequence id maps back to its entry: the plan validates against the file's lengths at those entries
+    capsys.readouterr()
+    assert main([*base[:-1], "--gbs", "4", "--seed", "3"]) == 0  # a seed without --shuffle changes nothing: said so
+    assert json.loads(out.read_text())["source"]["entries"] == [0, 1, 2, 3]
+    assert "--seed 3 has no effect on --lengths without --shuffle" in capsys.readouterr().err
     plan = dynacp.Plan.from_dict(doc)
     plan.validate(file_lengths[entries], dynacp.Cluster(num_ranks=8, tokens_per_rank=16384), dynacp.CostModel())
     assert sorted(i for slot in plan.microbatches for g in slot for i in g.sequences) == list(range(6))
@@ -341,6 +345,12 @@ def test_length_histogram(tmp_path, capsys) -> None:
     assert "n=61, median 100" in fig.axes[0].get_title(loc="left")
     with pytest.raises(ValueError, match="no lengths"):
         histogram(np.array([], dtype=np.int64))
+    import matplotlib.image as mpimg
+
+    png = tmp_path / "h.png"
+    assert main(["compare", "--gbs", "64", "--ranks", "16", "--batches", "2", "--strategies", "fcp", "--hist",
+                 str(png)]) == 0
+    assert mpimg.imread(png).shape[:2] == (500, 1000)
 
 
 # 7. the HTML report (the browser test is in test_report_browser.py) ---------------------------------------------

@@ -9,6 +9,7 @@ its lengths array, and a plan records which entry of the lengths file each one c
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional
@@ -16,6 +17,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional
 import numpy as np
 
 from dynacp import _core, distributions
+
+logger = logging.getLogger(__name__)
 
 # canonical flag -> aliases (Megatron-LM's long names, and the names older dynacp versions used)
 ALIASES: Dict[str, List[str]] = {
@@ -65,7 +68,7 @@ def add_batch_args(p: argparse.ArgumentParser, gbs_help: str = "sequences per gl
                    help="with --lengths: draw batches from a permutation of the file seeded by --seed")
     g.add_argument("--wrap", action="store_true",
                    help="with --lengths: reuse entries from the start when the file is too short (default: error)")
-    g.add_argument("--seed", type=int, default=0, help="seed of --dist sampling and --shuffle (default 0)")
+    g.add_argument("--seed", type=int, default=None, help="seed of --dist sampling and of --shuffle (default 0)")
 
 
 def cluster_and_cost(args: argparse.Namespace) -> tuple:
@@ -111,13 +114,17 @@ def load(args: argparse.Namespace, count: int, gbs: int) -> Batches:
         raise ValueError(f"--gbs must be >= 1, got {gbs}")
     if count <= 0:
         raise ValueError(f"number of batches must be >= 1, got {count}")
+    seed = 0 if args.seed is None else args.seed
     if not args.lengths:
         if args.offset or args.shuffle or args.wrap:
             raise ValueError("--offset, --shuffle and --wrap apply to --lengths FILE only")
-        rng = np.random.default_rng(args.seed)
+        rng = np.random.default_rng(seed)
         dist = distributions.get(args.dist)
         return Batches([Batch(dist.sample(gbs, rng)) for _ in range(count)],
-                       {"kind": "distribution", "name": args.dist, "seed": args.seed})
+                       {"kind": "distribution", "name": args.dist, "seed": seed})
+    if args.seed is not None and not args.shuffle:
+        logger.warning("--seed %d has no effect on --lengths without --shuffle: batches are consecutive entries from "
+                       "--offset %d", args.seed, args.offset)
     pool = distributions.read_lengths(args.lengths)
     n, need = pool.size, args.offset + count * gbs
     if not 0 <= args.offset < n:
@@ -127,13 +134,16 @@ def load(args: argparse.Namespace, count: int, gbs: int) -> Batches:
         raise ValueError(
             f"{args.lengths} holds {n} lengths but {count} batch(es) x {gbs} sequences from entry {args.offset} need "
             f"{need}; pass a smaller --gbs or --batches, or --wrap to reuse entries from the start of the file")
-    order = np.random.default_rng(args.seed).permutation(n) if args.shuffle else np.arange(n)
+    if need > n:
+        logger.info("--wrap: %s holds %d lengths, %d requested; entries are reused from the start", args.lengths, n,
+                    need - args.offset)
+    order = np.random.default_rng(seed).permutation(n) if args.shuffle else np.arange(n)
     out = []
     for k in range(count):
         entries = order[(args.offset + k * gbs + np.arange(gbs)) % n]
         out.append(Batch(pool[entries], entries.astype(np.int64)))
     source = {"kind": "file", "path": str(args.lengths), "entries_in_file": int(n), "offset": args.offset,
-              "shuffle": bool(args.shuffle), "seed": args.seed if args.shuffle else None, "wrap": bool(args.wrap)}
+              "shuffle": bool(args.shuffle), "seed": seed if args.shuffle else None, "wrap": bool(args.wrap)}
     return Batches(out, source)
 
 
@@ -151,7 +161,11 @@ def progress(items: Iterable, args: argparse.Namespace, desc: str, unit: str, to
     """``items`` wrapped in a tqdm bar on stderr when stderr is a terminal and ``--quiet`` is not given."""
     if getattr(args, "quiet", False) or not sys.stderr.isatty():
         return iter(items)
-    from tqdm import tqdm
+    try:
+        from tqdm import tqdm
+    except ImportError:  # scripts/setup.sh installs it; without it the command runs, only without a bar
+        logger.info("tqdm is not installed: no progress bar")
+        return iter(items)
 
     return iter(tqdm(items, desc=desc, unit=unit, total=total, file=sys.stderr, leave=False))
 

@@ -64,6 +64,7 @@ def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) 
 def add_output_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("plots")
     g.add_argument("--plot", metavar="FILE.png", help="Gantt chart of the first batch, one panel per strategy")
+    g.add_argument("--hist", metavar="FILE.png", help="histogram of the sequence lengths of all the batches")
     g.add_argument("--per-panel-time", action="store_true",
                    help="each Gantt panel gets its own time axis (default: one shared axis, comparable bars)")
 
@@ -162,6 +163,11 @@ def run_comparison(args: argparse.Namespace) -> Comparison:
 
         gantt(first_plans, batches.batches[0].lengths, cluster, cost, args.plot, pp=args.pp, vpp=args.vpp,
               title=settings_title(result["metadata"], batch=0), shared_time=not args.per_panel_time)
+    if args.hist:
+        from dynacp.plots import histogram
+
+        histogram(np.concatenate([b.lengths for b in batches.batches]), args.hist,
+                  title=f"{len(batches.batches)} batches from {batches.describe()}")
     return Comparison(result, batches, cluster, cost, first_plans)
 
 

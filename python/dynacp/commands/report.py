@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) 
     p.add_argument("--batches", type=int, default=8, help="global batches K (count, default 8)")
     p.add_argument("--strategies", help="comma-separated strategy names (default: all registered)")
     common.add_cluster_args(p)
-    p.set_defaults(func=run, plot=None, per_panel_time=False)
+    p.set_defaults(func=run, plot=None, hist=None, per_panel_time=False)
 
 
 def run(args: argparse.Namespace) -> int:
