@@ -90,7 +90,10 @@ def _finite(x: float) -> Optional[float]:
     return x if math.isfinite(x) else None
 
 
-def _plan_all(args, names, batches, cluster, cost):
+def _plan_all(args: argparse.Namespace, names: List[str], batches: common.Batches, cluster: _core.Cluster,
+              cost: _core.CostModel) -> tuple:
+    """Plans every batch with every strategy: (per-strategy lists of per-batch metrics, batch 0's plans, errors).
+    A strategy that fails on a batch is not run on the later ones."""
     rows: Dict[str, Dict[str, List[float]]] = {n: {} for n in names}
     first_plans: Dict[str, _core.Plan] = {}
     errors: Dict[str, str] = {}
@@ -196,9 +199,9 @@ def format_table(result: Dict[str, Any], describe: str) -> str:
     lines.append(f"lower bound (mean over batches): {'n/a' if lb is None else f'{lb:.1f} ms'}; speed-up and gap are "
                  "means of per-batch ratios; times predicted by the cost model, solve ms measured (dynacp compare -h "
                  "explains every column)")
-    if any(r["error"] is not None for r in result["strategies"].values()) and "packing" in result["strategies"]:
-        if result["strategies"]["packing"]["error"] is not None:
-            lines.append("speedup n/a: it is relative to packing, which failed")
+    packing = result["strategies"].get("packing")
+    if packing is not None and packing["error"] is not None:
+        lines.append("speedup n/a: it is relative to packing, which failed")
     return "\n".join(lines)
 
 
