@@ -200,8 +200,8 @@ def format_table(result: Dict[str, Any], describe: str) -> str:
                  "means of per-batch ratios; times predicted by the cost model, solve ms measured (dynacp compare -h "
                  "explains every column)")
     packing = result["strategies"].get("packing")
-    if packing is not None and packing["error"] is not None:
-        lines.append("speedup n/a: it is relative to packing, which failed")
+    if packing is None or packing["error"] is not None:
+        lines.append(f"speedup n/a: it is relative to packing, which {'was not run' if packing is None else 'failed'}")
     return "\n".join(lines)
 
 
