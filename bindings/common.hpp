@@ -20,4 +20,5 @@ void bind_pipeline(py::module_& m);
 /// Copies a 1-D integer array-like into int64 values, naming `what` in errors.
 std::vector<std::int64_t> to_int64_vector(const py::handle& obj, const char* what);
 void bind_balance(py::module_& m);
+void bind_log(py::module_& m);
 }  // namespace dynacp::py

@@ -82,6 +82,8 @@ void bind_model(py::module_& m) {
       .add("num_ranks", &Cluster::num_ranks, "P: ranks in the DP x CP pool")
       .add("ranks_per_node", &Cluster::ranks_per_node, "ranks sharing a node's fast fabric; must divide num_ranks")
       .add("activation_budget", &Cluster::activation_budget, "activation bytes per rank for one microbatch")
+      .add("tokens_per_rank", &Cluster::tokens_per_rank,
+           "tokens one rank holds per microbatch; 0 = derive from activation_budget / CostModel.mem_per_token")
       .add("intra_node_bandwidth", &Cluster::intra_node_bandwidth, "bytes/s of one ring hop inside a node")
       .add("inter_node_bandwidth", &Cluster::inter_node_bandwidth, "bytes/s of one ring hop across nodes")
       .add("intra_node_latency", &Cluster::intra_node_latency, "seconds per ring hop inside a node")

@@ -23,6 +23,7 @@ PYBIND11_MODULE(_core, m) {
   namespace py = pybind11;
   py::register_exception<dynacp::Timeout>(m, "TimeoutError", PyExc_TimeoutError);
   // InvalidArgument derives from std::invalid_argument -> ValueError; Error from std::runtime_error -> RuntimeError.
+  dynacp::py::bind_log(m);  // first: the core logs through Python's `logging` from here on
   dynacp::py::bind_model(m);
   dynacp::py::bind_solve(m);
   dynacp::py::bind_balance(m);

@@ -62,7 +62,11 @@ py::dict plan_to_dict(const Plan& p) {
   return d;
 }
 
-Plan plan_from_dict(const py::dict& d) {
+Plan plan_from_dict(const py::object& obj) {
+  if (!py::isinstance<py::dict>(obj))
+    throw InvalidArgument("Plan.from_dict expects a dict (the JSON object Plan.to_dict writes), got " +
+                          std::string(py::str(py::type::of(obj).attr("__name__"))));
+  const auto d = obj.cast<py::dict>();
   Plan p;
   p.version = get<int>(d, "version", "plan");
   if (p.version != Plan::kVersion)
@@ -70,7 +74,7 @@ Plan plan_from_dict(const py::dict& d) {
                           std::to_string(Plan::kVersion) + ")");
   p.strategy = get<std::string>(d, "strategy", "plan");
   p.num_ranks = get<int>(d, "num_ranks", "plan");
-  p.solve_ms = d.contains("solve_ms") ? d["solve_ms"].cast<double>() : 0.0;
+  p.solve_ms = d.contains("solve_ms") ? get<double>(d, "solve_ms", "plan") : 0.0;
   auto mbs = get<py::list>(d, "microbatches", "plan");
   for (std::size_t m = 0; m < mbs.size(); ++m) {
     std::vector<Group> slot;
@@ -94,6 +98,7 @@ Plan plan_from_dict(const py::dict& d) {
     p.microbatches.push_back(std::move(slot));
   }
   if (d.contains("predicted")) {
+    if (!py::isinstance<py::dict>(d["predicted"])) throw InvalidArgument("plan field 'predicted' is not an object");
     auto pd = d["predicted"].cast<py::dict>();
     p.predicted.step_time = get<double>(pd, "step_time", "plan.predicted");
     p.predicted.lower_bound = get<double>(pd, "lower_bound", "plan.predicted");
@@ -121,7 +126,7 @@ void bind_solve(py::module_& m) {
              o.tight_bound = tight_bound;
              return o;
            }),
-           py::arg("strategy") = "fcp", py::arg("pp") = 1, py::arg("vpp") = 1,
+           py::arg("strategy") = "dynacp", py::arg("pp") = 1, py::arg("vpp") = 1,
            py::arg("count_policy") = CountPolicy::Variable, py::arg("tight_bound") = true)
       .def_readwrite("strategy", &PlanOptions::strategy, "registry name (see strategy_names())")
       .def_readwrite("pp", &PlanOptions::pp, "pipeline stages per rank of the pool")

@@ -74,8 +74,7 @@ def main() -> None:
     planner = Planner(
         strategy=args.strategy,
         cluster=dynacp.Cluster(num_ranks=groups.pool_size, ranks_per_node=groups.pool_size,
-                               activation_budget=float(args.capacity)),
-        cost=dynacp.CostModel(mem_per_token=1.0),
+                               tokens_per_rank=args.capacity),
         count_policy=args.count_policy,
         timeout=args.timeout,
         async_planning=not args.sync_planning,

@@ -13,6 +13,7 @@ import os as _os
 if _os.environ.get("DYNACP_EXT_DIR"):
     __path__.append(_os.environ["DYNACP_EXT_DIR"])  # type: ignore[name-defined]  # noqa: F821
 
+from dynacp import log as _log  # noqa: E402,F401  # the `dynacp` logger first: the core logs into it from import on
 from dynacp._core import (  # noqa: E402
     Cluster,
     CostModel,

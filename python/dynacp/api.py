@@ -38,7 +38,7 @@ def plan(
     lengths: ArrayLike,
     cluster: Optional[_core.Cluster] = None,
     cost: Optional[_core.CostModel] = None,
-    strategy: str = "fcp",
+    strategy: str = "dynacp",
     *,
     masks: Optional[ArrayLike] = None,
     pp: int = 1,
@@ -49,10 +49,13 @@ def plan(
     """Plan one global batch.
 
     Args:
-        lengths: sequence lengths (int64, any order); sequence ids are positions in this array.
-        cluster: the DP x CP rank pool; defaults to ``Cluster()`` (64 ranks, 8 per node).
+        lengths: sequence lengths in tokens (int64, any order); sequence ids are 0-based positions in this array.
+        cluster: the DP x CP rank pool; defaults to ``Cluster()`` (64 ranks, 8 per node, 16,384 tokens per rank).
+            Set the memory budget with ``Cluster(tokens_per_rank=...)`` (tokens one rank holds per microbatch), or in
+            bytes with ``activation_budget=`` (then ``tokens_per_rank`` is derived from ``cost.mem_per_token``).
         cost: cost model; defaults to ``CostModel()`` (the ``bytescale-fig6a`` preset).
-        strategy: a name from :func:`dynacp.strategy_names`.
+        strategy: a name from :func:`dynacp.strategy_names` (default ``"dynacp"``; the others are the baselines
+            it is compared with).
         masks: optional per-sequence mask, 0 = causal, 1 = full (bidirectional); default all causal.
         pp, vpp: pipeline stages per rank and virtual stages per stage.
         count_policy: ``"equal"`` or ``"variable"`` microbatch counts per rank (pipeline strategies).

@@ -1,38 +1,74 @@
-"""The ``dynacp`` command line: ``dynacp compare``, ``dynacp plan``, ``dynacp configs``.
+"""The ``dynacp`` command line: ``dynacp compare``, ``dynacp plan``, ``dynacp report``, ``dynacp configs``.
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)`` (which registers the parser and sets
-``func``); this file only collects them.
+``func``); this file only collects them and adds what every command shares: ``--version`` and the logging flags
+``-v``/``-q`` (accepted before or after the command name).
+
+Exit status: 0 success; 1 the command ran but a requested strategy failed (``compare``, ``report``); 2 bad input
+(the message names it).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from typing import List, Optional
+
+from dynacp import log
 
 # name -> module implementing add_parser(subparsers)
 SUBCOMMANDS = {
     "compare": "dynacp.commands.compare",
     "plan": "dynacp.commands.plan",
+    "report": "dynacp.commands.report",
     "configs": "dynacp.planner.cli",
 }
 
 
+def version_text() -> str:
+    """``dynacp X.Y.Z (python A.B.C, numpy N)``: what ``--version`` prints and the JSON outputs record."""
+    import numpy as np
+
+    import dynacp
+
+    return f"dynacp {dynacp.__version__} (python {sys.version.split()[0]}, numpy {np.__version__})"
+
+
+def verbosity_parent(suppress: bool) -> argparse.ArgumentParser:
+    """The ``-v``/``-q`` flags; ``suppress`` leaves them unset when absent (for subparsers, so that flags given
+    before the command name are not overwritten by the subparser's defaults)."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("logging")
+    g.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS if suppress else 0,
+                   help="more log output on stderr: -v info, -vv debug (solve statistics of every plan)")
+    g.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS if suppress else False,
+                   help="errors only: no warnings, no progress bars")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="dynacp", description="Plan variable-length LLM training batches over DP x CP rank pools."
+        prog="dynacp", description="Plan variable-length LLM training batches over DP x CP rank pools.",
+        parents=[verbosity_parent(suppress=False)],
+        epilog="Exit status: 0 success; 1 a requested strategy failed (its row says why); 2 bad input.",
     )
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    parent = verbosity_parent(suppress=True)
     for module in SUBCOMMANDS.values():
-        importlib.import_module(module).add_parser(sub)
+        importlib.import_module(module).add_parser(sub, parents=[parent])
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    verbosity = -1 if args.quiet else args.verbose
+    log.configure(verbosity)
+    logging.getLogger(log.LOGGER_NAME).debug("%s; command line: %s", version_text(), argv if argv else sys.argv[1:])
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as e:

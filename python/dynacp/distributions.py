@@ -129,9 +129,9 @@ def sample(name: str, n: int, rng: Optional[np.random.Generator] = None) -> np.n
 
 
 def read_lengths(path: Union[str, Path]) -> np.ndarray:
-    """Reads a length file: ``.npy`` (1-D integers) or text with one positive integer per line.
+    """Reads a length file: ``.npy`` (1-D integers) or text with one positive integer per line (blank lines skipped).
 
-    Raises ValueError naming the file and line of the first malformed entry.
+    Raises ValueError naming the file, line (from 1) and entry (from 0, the sequence id) of the first malformed one.
     """
     path = Path(path)
     if not path.exists():
@@ -150,12 +150,13 @@ def read_lengths(path: Union[str, Path]) -> np.ndarray:
             text = line.strip()
             if not text:
                 continue
+            where = f"{path}:{lineno}: entry {len(out)}"  # line numbers count from 1, entries (sequence ids) from 0
             try:
                 v = int(text)
             except ValueError:
-                raise ValueError(f"{path}:{lineno}: {text!r} is not an integer length") from None
+                raise ValueError(f"{where}: {text!r} is not an integer length") from None
             if v <= 0:
-                raise ValueError(f"{path}:{lineno}: length {v} must be >= 1")
+                raise ValueError(f"{where}: length {v} must be >= 1")
             out.append(v)
     if not out:
         raise ValueError(f"{path}: no lengths found")

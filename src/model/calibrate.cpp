@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "dynacp/model/error.hpp"
+#include "dynacp/model/log.hpp"
 
 namespace dynacp {
 namespace {
@@ -43,6 +44,9 @@ Eigen::VectorXd fit_nonneg_relative(const Eigen::MatrixXd& X, const Eigen::Vecto
   return coef;
 }
 
+/// A compute fit whose rms relative error exceeds this is logged as a warning (the built-in presets fit within 15 %).
+constexpr double kPoorFitRms = 0.2;
+
 }  // namespace
 
 CostModel fit_compute(const CostModel& base, const std::vector<ComputeSample>& samples, FitReport* report) {
@@ -67,7 +71,14 @@ CostModel fit_compute(const CostModel& base, const std::vector<ComputeSample>& s
     X(r, 2) = 1.0;
     t(r) = s.seconds;
   }
-  const Eigen::VectorXd c = fit_nonneg_relative(X, t, report);
+  FitReport local;
+  FitReport* rep = report ? report : &local;
+  const Eigen::VectorXd c = fit_nonneg_relative(X, t, rep);
+  if (rep->rms_relative_error > kPoorFitRms)
+    core_log().warn(
+        "fit_compute: poor fit, rms relative error {:.1f}% (max {:.1f}%) over {} samples; the cost model "
+        "predicts these samples badly (mixed masks or hardware, or too few lengths?)",
+        100 * rep->rms_relative_error, 100 * rep->max_relative_error, rep->samples);
   CostModel out = base;
   out.attn_coef = c(0);
   out.linear_coef = c(1);

@@ -18,6 +18,9 @@ void Cluster::validate() const {
     if (!(v >= 0) || !std::isfinite(v)) invalid("Cluster.", name, " is ", v, "; it must be >= 0 and finite");
   };
   positive("activation_budget", activation_budget);
+  if (tokens_per_rank < 0)
+    invalid("Cluster.tokens_per_rank is ", tokens_per_rank,
+            "; it must be >= 1 (or 0: derive it from activation_budget)");
   positive("intra_node_bandwidth", intra_node_bandwidth);
   positive("inter_node_bandwidth", inter_node_bandwidth);
   nonneg("intra_node_latency", intra_node_latency);
@@ -29,9 +32,9 @@ void Cluster::validate() const {
 
 std::string Cluster::describe() const {
   return detail::cat("Cluster(num_ranks=", num_ranks, ", ranks_per_node=", ranks_per_node,
-                     ", activation_budget=", activation_budget, ", intra_node_bandwidth=", intra_node_bandwidth,
-                     ", inter_node_bandwidth=", inter_node_bandwidth, ", intra_node_latency=", intra_node_latency,
-                     ", inter_node_latency=", inter_node_latency,
+                     ", activation_budget=", activation_budget, ", tokens_per_rank=", tokens_per_rank,
+                     ", intra_node_bandwidth=", intra_node_bandwidth, ", inter_node_bandwidth=", inter_node_bandwidth,
+                     ", intra_node_latency=", intra_node_latency, ", inter_node_latency=", inter_node_latency,
                      ", seq_pad_multiple=", seq_pad_multiple, ")");
 }
 

@@ -31,6 +31,7 @@ void CostModel::validate() const {
 }
 
 std::int64_t CostModel::token_capacity(const Cluster& cluster) const {
+  if (cluster.tokens_per_rank > 0) return cluster.tokens_per_rank;  // set directly: the budget in bytes is not read
   const double cap = std::floor((cluster.activation_budget - mem_static) / mem_per_token);
   if (!(cap >= 1))
     invalid("activation budget ", cluster.activation_budget, " B minus static ", mem_static,

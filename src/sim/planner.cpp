@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "dynacp/model/error.hpp"
+#include "dynacp/model/log.hpp"
 #include "dynacp/sim/pipeline.hpp"
 #include "dynacp/solve/evaluate.hpp"
 #include "dynacp/solve/placement.hpp"
@@ -48,6 +49,32 @@ Predicted predict_with(const Plan& plan, const Batch& batch, const Cluster& clus
   return p;
 }
 
+/// Warns about sequences whose length is at least 90 % of what the whole pool holds: one such sequence occupies
+/// (nearly) every rank, so the plan is close to infeasible and usually a wrong budget or a wrong lengths file.
+void warn_near_capacity(const Batch& batch, std::int64_t cap, int ranks) {
+  const std::int64_t pool = cap * ranks;
+  std::size_t count = 0, first = 0;
+  for (std::size_t i = 0; i < batch.size(); ++i)
+    if (10 * batch.lengths[i] >= 9 * pool && count++ == 0) first = i;
+  if (count > 0)
+    core_log().warn(
+        "{} sequence(s) hold at least 90% of the pool's capacity of {} tokens ({} ranks x {} tokens per rank), "
+        "e.g. sequence {} with {} tokens; check the token budget and the lengths",
+        count, pool, ranks, cap, first, batch.lengths[first]);
+}
+
+/// Solve statistics of one plan at DEBUG.
+void log_solve(const Plan& p, const Batch& batch, const PlanOptions& options) {
+  if (!core_log().should_log(spdlog::level::debug)) return;
+  std::size_t groups = 0;
+  for (const auto& slot : p.microbatches) groups += slot.size();
+  core_log().debug(
+      "plan: strategy={} sequences={} tokens={} pp={} vpp={} slots={} groups={} solve_ms={:.3f} "
+      "step_time_s={:.6g} lower_bound_s={:.6g} bubble_fraction={:.4f}",
+      p.strategy, batch.size(), batch.total_tokens(), options.pp, options.vpp, p.microbatches.size(), groups,
+      p.solve_ms, p.predicted.step_time, p.predicted.lower_bound, p.predicted.bubble_fraction);
+}
+
 }  // namespace
 
 Predicted predict(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
@@ -68,6 +95,7 @@ Plan plan(const Batch& batch, const Cluster& cluster, const CostModel& cost, con
       invalid("sequence ", i, " has ", batch.lengths[i], " tokens but the whole pool of ", cluster.num_ranks,
               " ranks holds at most ", most, " tokens of one sequence (", cap,
               " rows per rank; a sequence is padded to a multiple of ", k, " x ", cluster.num_ranks, " rows)");
+  warn_near_capacity(batch, cap, cluster.num_ranks);
 
   const double lb = options.pp > 1 ? lower_bound(batch, cluster, cost, options) : -1.0;  // once, not per candidate
   PlanOptions opts = options;
@@ -93,6 +121,7 @@ Plan plan(const Batch& batch, const Cluster& cluster, const CostModel& cost, con
     throw Error(std::string("strategy '") + strategy.name + "' produced an invalid plan (a bug): " + e.what());
   }
   out.predicted = predict_with(out, batch, cluster, cost, options, lb);
+  log_solve(out, batch, options);
   return out;
 }
 

@@ -1,5 +1,6 @@
 // Cost model, calibration, batch/cluster validation and the plan invariants.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
 
 #include <random>
 
@@ -7,6 +8,7 @@
 
 #include "dynacp/model/calibrate.hpp"
 #include "dynacp/model/error.hpp"
+#include "dynacp/model/log.hpp"
 #include "dynacp/model/plan.hpp"
 
 using namespace dynacp;
@@ -240,4 +242,38 @@ TEST(Plan, DigestIgnoresTimingsButSeesAssignment) {
   EXPECT_EQ(a.digest(), b.digest());
   b.microbatches[0][0].ranks = {1, 0};
   EXPECT_NE(a.digest(), b.digest());
+}
+
+TEST(Cluster, TokensPerRankSetsTheCapacityDirectly) {
+  Cluster c = small_cluster();
+  const CostModel m = unit_cost();
+  EXPECT_EQ(m.token_capacity(c), 100);  // 0 = derived: 1000 B / 10 B per token
+  c.tokens_per_rank = 37;
+  EXPECT_EQ(m.token_capacity(c), 37);  // set: the byte budget is not read
+  c.activation_budget = 1.0;           // would hold no token in bytes
+  EXPECT_EQ(m.token_capacity(c), 37);
+  EXPECT_EQ(m.min_degree(75, c), 3);
+  c.tokens_per_rank = -1;
+  try {
+    c.validate();
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("tokens_per_rank"), std::string::npos);
+  }
+}
+
+TEST(Log, SilentWithoutSinkAndOneSinkReceivesRecordsAtTheirLevel) {
+  EXPECT_EQ(core_log().level(), spdlog::level::off);  // no sink: nothing formatted, nothing printed
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(16);
+  set_log_sink(sink);
+  core_log().debug("solve {}", 1);
+  core_log().warn("near capacity");
+  const auto got = sink->last_formatted();
+  set_log_sink(nullptr);
+  core_log().warn("dropped");
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_NE(got[0].find("[debug] solve 1"), std::string::npos);
+  EXPECT_NE(got[1].find("[warning] near capacity"), std::string::npos);
+  EXPECT_EQ(sink->last_formatted().size(), 2u);
+  EXPECT_EQ(core_log().level(), spdlog::level::off);
 }

@@ -48,7 +48,7 @@ def test_plan_json_round_trip_and_format() -> None:
 def test_from_dict_then_validate_rejects_broken_plans() -> None:
     cluster, cost = small_cluster()
     lengths = np.array([100, 200, 300])
-    d = dynacp.plan(lengths, cluster, cost).to_dict()
+    d = dynacp.plan(lengths, cluster, cost, "fcp").to_dict()
     d["microbatches"][0][0]["sequences"].append(0)  # duplicate id
     with pytest.raises(ValueError, match="more than once"):
         dynacp.Plan.from_dict(d).validate(lengths, cluster, cost)

@@ -18,6 +18,11 @@ struct Cluster {
   /// sequence parallelism (each rank's rows must also split evenly over its TP peers).
   int seq_pad_multiple = 2;
 
+  /// Tokens one rank holds in one microbatch: the everyday way to set the budget. 0 (the default) derives it from
+  /// activation_budget and the cost model's bytes per token (CostModel::token_capacity); > 0 sets it directly and
+  /// activation_budget is not read.
+  std::int64_t tokens_per_rank = 0;
+
   int num_nodes() const { return num_ranks / ranks_per_node; }
   int node_of(int rank) const { return rank / ranks_per_node; }
   /// Rows each rank of a d-rank ring holds for one sequence of `len` tokens after padding: k * ceil(len / (k d)).
@@ -27,7 +32,7 @@ struct Cluster {
   }
 
   /// Throws InvalidArgument naming the bad field (P <= 0, ranks_per_node not dividing P, non-positive budget or
-  /// bandwidth, negative or NaN latency).
+  /// bandwidth, negative tokens_per_rank, negative or NaN latency).
   void validate() const;
   std::string describe() const;
 };

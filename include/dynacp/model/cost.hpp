@@ -51,7 +51,8 @@ struct CostModel {
   /// Throws InvalidArgument for a negative, NaN or infinite coefficient (naming it), or mem_per_token <= 0.
   void validate() const;
 
-  /// Tokens one rank can hold: floor((budget - static) / m). Throws if the budget cannot hold one token.
+  /// Tokens one rank can hold: Cluster::tokens_per_rank when it is set (> 0), else floor((budget - static) / m).
+  /// Throws if the budget cannot hold one token.
   std::int64_t token_capacity(const Cluster& cluster) const;
   /// Smallest CP degree on which ONE sequence of `tokens` fits the budget once padded: the least d with
   /// k * ceil(tokens / (k d)) <= capacity (k = seq_pad_multiple); ceil(tokens / capacity) when the capacity is a

@@ -1,77 +1,150 @@
-"""Options shared by the CLI subcommands: the cluster, the cost model and where batches come from."""
+"""Options shared by the CLI subcommands: the cluster, the cost model, where batches come from, progress bars.
+
+One vocabulary for every command (``compare``, ``plan``, ``report``, ``configs``): short names first, the long
+names Megatron-LM users know accepted as aliases (``--gbs`` = ``--global-batch-size``, ``--pp`` =
+``--pipeline-model-parallel-size``, ...). Sequence ids are 0-based everywhere: sequence i of a batch is entry i of
+its lengths array, and a plan records which entry of the lengths file each one came from.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Iterator, List, Optional
+import logging
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
 from dynacp import _core, distributions
 
+logger = logging.getLogger(__name__)
+
+# canonical flag -> aliases (Megatron-LM's long names, and the names older dynacp versions used)
+ALIASES: Dict[str, List[str]] = {
+    "--gbs": ["--global-batch-size", "--global-batch"],
+    "--mbs": ["--micro-batch-size", "--micro-batch"],
+    "--pp": ["--pipeline-model-parallel-size"],
+    "--vpp": ["--virtual-pipeline-model-parallel-size"],
+    "--tp": ["--tensor-model-parallel-size"],
+    "--cp": ["--context-parallel-size"],
+}
+
+
+def flags(name: str) -> List[str]:
+    """``name`` and its aliases, for ``add_argument``."""
+    return [name, *ALIASES.get(name, [])]
+
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster and cost model")
-    g.add_argument("--ranks", type=int, default=64, help="ranks P in the DP x CP pool (default 64)")
-    g.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node (default 8)")
-    g.add_argument(
-        "--tokens-per-rank", type=int, default=16384,
-        help="activation budget per rank, in tokens of the cost model's mem_per_token (default 16384)",
-    )
-    g.add_argument("--cost", default="bytescale-fig6a", help=f"cost preset: {', '.join(_core.preset_names())}")
-    g.add_argument("--pp", type=int, default=1, help="pipeline stages per rank (default 1)")
-    g.add_argument("--vpp", type=int, default=1, help="virtual stages per pipeline stage (default 1)")
-    g.add_argument(
-        "--count-policy", choices=["equal", "variable"], default="variable",
-        help="microbatch counts per rank when pp > 1 (default variable)",
-    )
+    g.add_argument("--ranks", type=int, default=64,
+                   help="ranks P (GPUs) in the DP x CP pool (default 64)")
+    g.add_argument("--ranks-per-node", type=int, default=8, help="ranks (GPUs) per node (default 8)")
+    g.add_argument("--tokens-per-rank", type=int, default=16384,
+                   help="activation budget: tokens one rank holds per microbatch (default 16384)")
+    g.add_argument("--cost", default="bytescale-fig6a", help=f"cost preset: {', '.join(_core.preset_names())} "
+                   "(default %(default)s; docs/cost_model.md)")
+    g.add_argument(*flags("--pp"), dest="pp", type=int, default=1,
+                   help="pipeline stages per rank of the pool (default 1 = no pipeline)")
+    g.add_argument(*flags("--vpp"), dest="vpp", type=int, default=1,
+                   help="virtual (interleaved) stages per pipeline stage (default 1)")
+    g.add_argument("--count-policy", choices=["equal", "variable"], default="variable",
+                   help="microbatch counts per rank when pp > 1: equal, or variable per rank (default variable)")
 
 
-def add_batch_args(p: argparse.ArgumentParser) -> None:
+def add_batch_args(p: argparse.ArgumentParser, gbs_help: str = "sequences per global batch (default 512)") -> None:
     g = p.add_argument_group("global batches")
     src = g.add_mutually_exclusive_group()
-    src.add_argument(
-        "--dist", default=distributions.names()[0],
-        help=f"embedded length distribution: {', '.join(distributions.names())} (default %(default)s)",
-    )
-    src.add_argument(
-        "--lengths", metavar="FILE",
-        help="lengths file (one integer per line, or .npy); batches are consecutive slices from a seeded offset",
-    )
-    g.add_argument("--gbs", type=int, default=512, help="sequences per global batch (default 512)")
-    g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    src.add_argument("--dist", default=distributions.names()[0],
+                     help=f"embedded length distribution: {', '.join(distributions.names())} (default %(default)s)")
+    src.add_argument("--lengths", metavar="FILE",
+                     help="lengths file: one integer (tokens) per line, or a 1-D .npy. Batch k holds entries "
+                     "[offset + k*gbs, offset + (k+1)*gbs) of the file (0-based, blank lines skipped)")
+    g.add_argument(*flags("--gbs"), dest="gbs", type=int, default=None, help=gbs_help)
+    g.add_argument("--offset", type=int, default=0,
+                   help="with --lengths: 0-based entry of the file the first batch starts at (default 0)")
+    g.add_argument("--shuffle", action="store_true",
+                   help="with --lengths: draw batches from a permutation of the file seeded by --seed")
+    g.add_argument("--wrap", action="store_true",
+                   help="with --lengths: reuse entries from the start when the file is too short (default: error)")
+    g.add_argument("--seed", type=int, default=None, help="seed of --dist sampling and of --shuffle (default 0)")
 
 
 def cluster_and_cost(args: argparse.Namespace) -> tuple:
+    """The ``Cluster`` (with ``tokens_per_rank``) and ``CostModel`` the flags describe."""
     if args.tokens_per_rank <= 0:
         raise ValueError(f"--tokens-per-rank must be >= 1, got {args.tokens_per_rank}")
     cost = _core.preset(args.cost)
-    cluster = _core.Cluster(
-        num_ranks=args.ranks,
-        ranks_per_node=args.ranks_per_node,
-        activation_budget=cost.mem_static + args.tokens_per_rank * cost.mem_per_token,
-    )
+    cluster = _core.Cluster(num_ranks=args.ranks, ranks_per_node=args.ranks_per_node,
+                            tokens_per_rank=args.tokens_per_rank)
     cluster.validate()
     return cluster, cost
 
 
-def batches(args: argparse.Namespace, count: int) -> Iterator[np.ndarray]:
-    """Yields ``count`` global batches of ``args.gbs`` lengths."""
-    if args.gbs <= 0:
-        raise ValueError(f"--gbs must be >= 1, got {args.gbs}")
+@dataclass
+class Batch:
+    """One global batch: ``lengths[i]`` is sequence i; with a file, ``entries[i]`` is its 0-based file entry."""
+
+    lengths: np.ndarray
+    entries: Optional[np.ndarray] = None
+
+
+@dataclass
+class Batches:
+    """The global batches of one command and where they came from (``source``: JSON-able, see :func:`load`)."""
+
+    batches: List[Batch]
+    source: Dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        s = self.source
+        if s["kind"] == "file":
+            how = f"shuffled with seed {s['seed']}, " if s["shuffle"] else ""
+            return f"{s['path']} ({how}from entry {s['offset']}{', wrapped' if s['wrap'] else ''})"
+        return f"{s['name']} (seed {s['seed']})"
+
+
+def load(args: argparse.Namespace, count: int, gbs: int) -> Batches:
+    """``count`` global batches of ``gbs`` sequences from ``--lengths`` (consecutive entries from ``--offset``, or
+    a ``--seed``-ed permutation with ``--shuffle``) or from ``--dist``.
+
+    Raises ValueError when the file holds fewer entries than the request needs and ``--wrap`` is not given."""
+    if gbs <= 0:
+        raise ValueError(f"--gbs must be >= 1, got {gbs}")
     if count <= 0:
         raise ValueError(f"number of batches must be >= 1, got {count}")
-    rng = np.random.default_rng(args.seed)
-    if args.lengths:
-        pool = distributions.read_lengths(args.lengths)
-        start = int(rng.integers(pool.size))
-        for k in range(count):
-            idx = (start + k * args.gbs + np.arange(args.gbs)) % pool.size
-            yield pool[idx]
-    else:
+    seed = 0 if args.seed is None else args.seed
+    if not args.lengths:
+        if args.offset or args.shuffle or args.wrap:
+            raise ValueError("--offset, --shuffle and --wrap apply to --lengths FILE only")
+        rng = np.random.default_rng(seed)
         dist = distributions.get(args.dist)
-        for _ in range(count):
-            yield dist.sample(args.gbs, rng)
+        return Batches([Batch(dist.sample(gbs, rng)) for _ in range(count)],
+                       {"kind": "distribution", "name": args.dist, "seed": seed})
+    if args.seed is not None and not args.shuffle:
+        logger.warning("--seed %d has no effect on --lengths without --shuffle: batches are consecutive entries from "
+                       "--offset %d", args.seed, args.offset)
+    pool = distributions.read_lengths(args.lengths)
+    n, need = pool.size, args.offset + count * gbs
+    if not 0 <= args.offset < n:
+        raise ValueError(f"--offset {args.offset} is outside {args.lengths}, which holds {n} lengths (entries 0.."
+                         f"{n - 1})")
+    if need > n and not args.wrap:
+        raise ValueError(
+            f"{args.lengths} holds {n} lengths but {count} batch(es) x {gbs} sequences from entry {args.offset} need "
+            f"{need}; pass a smaller --gbs or --batches, or --wrap to reuse entries from the start of the file")
+    if need > n:
+        logger.info("--wrap: %s holds %d lengths, %d requested; entries are reused from the start", args.lengths, n,
+                    need - args.offset)
+    order = np.random.default_rng(seed).permutation(n) if args.shuffle else np.arange(n)
+    out = []
+    for k in range(count):
+        entries = order[(args.offset + k * gbs + np.arange(gbs)) % n]
+        out.append(Batch(pool[entries], entries.astype(np.int64)))
+    source = {"kind": "file", "path": str(args.lengths), "entries_in_file": int(n), "offset": args.offset,
+              "shuffle": bool(args.shuffle), "seed": seed if args.shuffle else None, "wrap": bool(args.wrap)}
+    return Batches(out, source)
 
 
 def split_names(text: Optional[str], known: List[str]) -> List[str]:
@@ -82,3 +155,35 @@ def split_names(text: Optional[str], known: List[str]) -> List[str]:
         if n not in known:
             raise ValueError(f"unknown strategy {n!r}; known: {', '.join(known)}")
     return names
+
+
+def progress(items: Iterable, args: argparse.Namespace, desc: str, unit: str, total: Optional[int] = None) -> Iterator:
+    """``items`` wrapped in a tqdm bar on stderr when stderr is a terminal and ``--quiet`` is not given."""
+    if getattr(args, "quiet", False) or not sys.stderr.isatty():
+        return iter(items)
+    try:
+        from tqdm import tqdm
+    except ImportError:  # scripts/setup.sh installs it; without it the command runs, only without a bar
+        logger.info("tqdm is not installed: no progress bar")
+        return iter(items)
+
+    return iter(tqdm(items, desc=desc, unit=unit, total=total, file=sys.stderr, leave=False))
+
+
+def run_metadata(args: argparse.Namespace, batches: Batches, cluster: _core.Cluster, cost: _core.CostModel
+                 ) -> Dict[str, Any]:
+    """What a JSON or HTML output records about its run: versions, cluster, cost preset, pipeline, batch source."""
+    import platform
+
+    import dynacp
+
+    return {
+        "command": args.command, "dynacp_version": dynacp.__version__, "python_version": platform.python_version(),
+        "numpy_version": np.__version__,
+        "cluster": {"ranks": cluster.num_ranks, "ranks_per_node": cluster.ranks_per_node,
+                    "tokens_per_rank": int(cost.token_capacity(cluster))},
+        "cost_preset": args.cost, "cost_source": cost.source, "pp": args.pp, "vpp": args.vpp,
+        "count_policy": args.count_policy, "batches": len(batches.batches),
+        "sequences_per_batch": int(batches.batches[0].lengths.size), "lengths_source": batches.source,
+        "times_predicted_by": "the cost model (docs/cost_model.md); only solve times are measured",
+    }

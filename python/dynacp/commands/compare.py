@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
-from typing import Dict, List
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -13,47 +15,96 @@ from dynacp import _core
 from dynacp.api import plan as make_plan
 from dynacp.commands import common
 
+# (table header, JSON key, what it means -- with its unit); the --help epilog, the JSON "columns" and the HTML
+# report are all generated from this one list.
+COLUMNS = [
+    ("step ms", "step_time_ms", "predicted time of one training step (one global batch) in milliseconds, mean over "
+     "the batches"),
+    ("speedup", "speedup_vs_packing", "packing's step time / this strategy's (x), mean of the per-batch ratios; "
+     "n/a when packing was not run or failed"),
+    ("gap to LB", "gap_to_lower_bound", "step time / lower bound - 1 (%), mean of the per-batch ratios; no plan "
+     "can have a negative gap"),
+    ("max/mean", "max_over_mean_rank_time", "busiest rank's busy time / the mean rank's (x; 1 = perfect balance), "
+     "mean over the batches"),
+    ("peak tok/rank", "peak_tokens_per_rank", "most tokens one rank holds in one microbatch (its share of a CP group), "
+     "max over the batches; never above --tokens-per-rank"),
+    ("mb", "microbatches_mean", "microbatch slots of the plan (count; each rank runs its groups slot by slot), mean "
+     "over the batches"),
+    ("solve ms", "median_solve_ms", "wall-clock milliseconds the strategy took to plan one batch, measured on this "
+     "machine, median over the batches"),
+]
+KEYS = [key for _, key, _ in COLUMNS]
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+
+def columns_help() -> str:
+    lines = ["table columns (the --json keys in brackets; times are predicted by the cost model unless said):"]
+    lines += [f"  {hdr:<14} [{key}] {text}" for hdr, key, text in COLUMNS]
+    lines += ["", "exit status: 0 every strategy planned every batch; 1 a strategy failed (its row and its JSON "
+              "'error' say why); 2 bad input (e.g. every strategy rejected the batch)"]
+    return "\n".join(lines)
+
+
+def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) -> None:
     p = sub.add_parser(
-        "compare",
+        "compare", parents=parents or [],
         help="compare strategies on sampled global batches",
         description="Plans K global batches with each strategy and prints predicted step time, speed-up over "
         "`packing`, gap to the lower bound, rank imbalance, peak tokens per rank and solve time.",
+        epilog=columns_help(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common.add_batch_args(p)
-    p.add_argument("--batches", type=int, default=8, help="global batches K (default 8)")
+    p.add_argument("--batches", type=int, default=8, help="global batches K (count, default 8)")
     p.add_argument("--strategies", help="comma-separated strategy names (default: all registered)")
     common.add_cluster_args(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object keyed by strategy")
-    p.add_argument("--plot", metavar="FILE.png", help="Gantt chart of the first batch, one panel per strategy")
-    p.add_argument("--progress", action="store_true", help="show a progress bar")
+    add_output_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object: metadata, columns, strategies")
     p.set_defaults(func=run)
 
 
-def compare(args: argparse.Namespace) -> Dict[str, Dict[str, float]]:
-    """Runs the comparison and returns per-strategy aggregate metrics (times in seconds)."""
-    cluster, cost = common.cluster_and_cost(args)
-    names = common.split_names(args.strategies, _core.strategy_names())
-    batch_list = list(common.batches(args, args.batches))
-    rows: Dict[str, Dict[str, List[float]]] = {n: {} for n in names}
-    first_plans = {}
-    it = [(b, n) for b in range(len(batch_list)) for n in names]
-    if args.progress:
-        try:
-            from tqdm import tqdm
+def add_output_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("plots")
+    g.add_argument("--plot", metavar="FILE.png", help="Gantt chart of the first batch, one panel per strategy")
+    g.add_argument("--hist", metavar="FILE.png", help="histogram of the sequence lengths of all the batches")
+    g.add_argument("--per-panel-time", action="store_true",
+                   help="each Gantt panel gets its own time axis (default: one shared axis, comparable bars)")
 
-            it = tqdm(it, desc="planning", unit="plan")
-        except ImportError:
-            pass
+
+@dataclass
+class Comparison:
+    """A finished comparison: the JSON-able ``result`` and what plots and the report need."""
+
+    result: Dict[str, Any]
+    batches: common.Batches
+    cluster: _core.Cluster
+    cost: _core.CostModel
+    first_plans: Dict[str, _core.Plan] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> List[str]:
+        return [n for n, r in self.result["strategies"].items() if r["error"] is not None]
+
+
+def _finite(x: float) -> Optional[float]:
+    """``x`` as a float, or None when it is NaN or infinite (JSON has no NaN)."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _plan_all(args: argparse.Namespace, names: List[str], batches: common.Batches, cluster: _core.Cluster,
+              cost: _core.CostModel) -> tuple:
+    """Plans every batch with every strategy: (per-strategy lists of per-batch metrics, batch 0's plans, errors).
+    A strategy that fails on a batch is not run on the later ones."""
+    rows: Dict[str, Dict[str, List[float]]] = {n: {} for n in names}
+    first_plans: Dict[str, _core.Plan] = {}
     errors: Dict[str, str] = {}
     invalid: List[ValueError] = []
-    for b, name in it:
-        lengths = batch_list[b]
+    todo = [(b, n) for b in range(len(batches.batches)) for n in names]
+    for b, name in common.progress(todo, args, desc="planning", unit="plan"):
         if name in errors:
             continue
         try:
-            p = make_plan(lengths, cluster, cost, name, pp=args.pp, vpp=args.vpp, count_policy=args.count_policy)
+            p = make_plan(batches.batches[b].lengths, cluster, cost, name, pp=args.pp, vpp=args.vpp,
+                          count_policy=args.count_policy)
         except (RuntimeError, ValueError) as e:
             # RuntimeError: e.g. a pipelined plan that would deadlock under 1F1B; ValueError: e.g. an anchor whose
             # microbatch counts break the vpp rule. Either way the other strategies still run.
@@ -66,67 +117,108 @@ def compare(args: argparse.Namespace) -> Dict[str, Dict[str, float]]:
         pr = p.predicted
         per_rank = np.asarray(pr.per_rank_time)
         r = rows[name]
-        for key, val in [
-            ("step_time", pr.step_time),
-            ("lower_bound", pr.lower_bound),
-            ("gap", pr.step_time / pr.lower_bound - 1.0),
-            ("max_over_mean", per_rank.max() / per_rank.mean() if per_rank.mean() > 0 else 1.0),
-            ("peak_tokens_per_rank", float(pr.peak_tokens_per_rank)),
-            ("solve_ms", p.solve_ms),
-            ("microbatches", float(len(p.microbatches))),
-        ]:
+        for key, val in [("step", pr.step_time), ("lb", pr.lower_bound), ("gap", pr.gap),
+                         ("balance", per_rank.max() / per_rank.mean() if per_rank.mean() > 0 else 1.0),
+                         ("peak", float(pr.peak_tokens_per_rank)), ("solve", p.solve_ms),
+                         ("mb", float(len(p.microbatches)))]:
             r.setdefault(key, []).append(val)
     if invalid and len(errors) == len(names):
         raise invalid[0]  # every strategy rejected the input: report it as the input error it is
-    out: Dict[str, Dict[str, float]] = {}
-    base = np.asarray(rows["packing"]["step_time"]) if "packing" in rows and "packing" not in errors else None
+    return rows, first_plans, errors
+
+
+def run_comparison(args: argparse.Namespace) -> Comparison:
+    """Plans every batch with every strategy; ``result`` has times in milliseconds (keys say so), null for a
+    number that does not exist (e.g. the speed-up over a packing that failed)."""
+    cluster, cost = common.cluster_and_cost(args)
+    names = common.split_names(args.strategies, _core.strategy_names())
+    batches = common.load(args, args.batches, args.gbs if args.gbs is not None else 512)
+    rows, first_plans, errors = _plan_all(args, names, batches, cluster, cost)
+    base = np.asarray(rows["packing"]["step"]) if "packing" in rows and "packing" not in errors else None
+    out: Dict[str, Dict[str, Any]] = {}
     for name in names:
         if name in errors:
-            out[name] = {"error": errors[name]}
+            out[name] = {"error": errors[name], **{k: None for k in KEYS}, "lower_bound_ms": None}
             continue
         r = {k: np.asarray(v) for k, v in rows[name].items()}
         out[name] = {
-            "step_time": float(r["step_time"].mean()),
-            "speedup_vs_packing": float((base / r["step_time"]).mean()) if base is not None else float("nan"),
-            "gap_to_lower_bound": float(r["gap"].mean()),
-            "lower_bound": float(r["lower_bound"].mean()),
-            "max_over_mean_rank_time": float(r["max_over_mean"].mean()),
-            "peak_tokens_per_rank": float(r["peak_tokens_per_rank"].max()),
-            "solve_ms_median": float(np.median(r["solve_ms"])),
-            "microbatches_mean": float(r["microbatches"].mean()),
+            "error": None,
+            "step_time_ms": _finite(r["step"].mean() * 1e3),
+            "speedup_vs_packing": _finite((base / r["step"]).mean()) if base is not None else None,
+            "gap_to_lower_bound": _finite(r["gap"].mean()),
+            "max_over_mean_rank_time": _finite(r["balance"].mean()),
+            "peak_tokens_per_rank": int(r["peak"].max()),
+            "microbatches_mean": _finite(r["mb"].mean()),
+            "median_solve_ms": _finite(np.median(r["solve"])),
+            "lower_bound_ms": _finite(r["lb"].mean() * 1e3),
         }
+    lbs = [r["lower_bound_ms"] for r in out.values() if r.get("lower_bound_ms") is not None]
+    result = {
+        "metadata": common.run_metadata(args, batches, cluster, cost),
+        "columns": {key: text for _, key, text in COLUMNS} | {
+            "lower_bound_ms": "no plan of the batch can be faster (milliseconds, predicted), mean over the batches",
+            "error": "null, or why the strategy failed (then every number is null)"},
+        "lower_bound_ms": lbs[0] if lbs else None,
+        "strategies": out,
+    }
     if args.plot:
-        from dynacp.plots import gantt
+        from dynacp.plots import gantt, settings_title
 
-        gantt(first_plans, batch_list[0], cluster, cost, args.plot, pp=args.pp, vpp=args.vpp,
-              count_policy=args.count_policy)
-    return out
+        gantt(first_plans, batches.batches[0].lengths, cluster, cost, args.plot, pp=args.pp, vpp=args.vpp,
+              title=settings_title(result["metadata"], batch=0), shared_time=not args.per_panel_time)
+    if args.hist:
+        from dynacp.plots import histogram
+
+        histogram(np.concatenate([b.lengths for b in batches.batches]), args.hist,
+                  title=f"{len(batches.batches)} batches from {batches.describe()}")
+    return Comparison(result, batches, cluster, cost, first_plans)
+
+
+def format_table(result: Dict[str, Any], describe: str) -> str:
+    """The text table ``dynacp compare`` prints."""
+    m = result["metadata"]
+    cl = m["cluster"]
+    lines = [
+        f"dynacp compare: {m['batches']} batches x {m['sequences_per_batch']} sequences from {describe}; "
+        f"P={cl['ranks']} ({cl['ranks_per_node']}/node), {cl['tokens_per_rank']} tokens/rank, cost={m['cost_preset']}, "
+        f"pp={m['pp']}, vpp={m['vpp']}",
+    ]
+    hdr = (f"{'strategy':<10} {'step ms':>10} {'speedup':>8} {'gap to LB':>9} {'max/mean':>9} "
+           f"{'peak tok/rank':>13} {'mb':>5} {'solve ms':>9}")
+    lines += [hdr, "-" * len(hdr)]
+    for name, r in result["strategies"].items():
+        if r["error"] is not None:
+            lines.append(f"{name:<10} failed: {r['error'][:150]}")
+            continue
+        sp = f"{r['speedup_vs_packing']:>7.3f}x" if r["speedup_vs_packing"] is not None else f"{'n/a':>8}"
+        lines.append(
+            f"{name:<10} {r['step_time_ms']:>10.1f} {sp} {r['gap_to_lower_bound']:>8.1%} "
+            f"{r['max_over_mean_rank_time']:>9.3f} {r['peak_tokens_per_rank']:>13d} {r['microbatches_mean']:>5.1f} "
+            f"{r['median_solve_ms']:>9.3f}")
+    lb = result["lower_bound_ms"]
+    lines.append(f"lower bound (mean over batches): {'n/a' if lb is None else f'{lb:.1f} ms'}; speed-up and gap are "
+                 "means of per-batch ratios; times predicted by the cost model, solve ms measured (dynacp compare -h "
+                 "explains every column)")
+    packing = result["strategies"].get("packing")
+    if packing is None or packing["error"] is not None:
+        lines.append(f"speedup n/a: it is relative to packing, which {'was not run' if packing is None else 'failed'}")
+    return "\n".join(lines)
+
+
+def report_failures(cmp: Comparison, command: str) -> int:
+    """Exit status 1 (and one line on stderr naming them) when a requested strategy failed, else 0."""
+    if not cmp.failed:
+        return 0
+    print(f"dynacp {command}: {len(cmp.failed)} of {len(cmp.result['strategies'])} strategies failed: "
+          f"{', '.join(cmp.failed)} (exit status 1)", file=sys.stderr)
+    return 1
 
 
 def run(args: argparse.Namespace) -> int:
-    result = compare(args)
+    cmp = run_comparison(args)
     if args.json:
-        json.dump(result, sys.stdout, indent=2)
+        json.dump(cmp.result, sys.stdout, indent=2, allow_nan=False)
         print()
-        return 0
-    src = args.lengths or args.dist
-    print(
-        f"dynacp compare: {args.batches} batches x {args.gbs} sequences from {src}; P={args.ranks} "
-        f"({args.ranks_per_node}/node), {args.tokens_per_rank} tokens/rank, cost={args.cost}, pp={args.pp}"
-    )
-    hdr = (f"{'strategy':<10} {'step ms':>10} {'speedup':>8} {'gap to LB':>9} {'max/mean':>9} "
-           f"{'peak tok/rank':>13} {'mb':>5} {'solve ms':>9}")
-    print(hdr)
-    print("-" * len(hdr))
-    for name, r in result.items():
-        if "error" in r:
-            print(f"{name:<10} failed: {r['error'][:150]}")
-            continue
-        print(
-            f"{name:<10} {r['step_time'] * 1e3:>10.1f} {r['speedup_vs_packing']:>7.3f}x {r['gap_to_lower_bound']:>8.1%} "
-            f"{r['max_over_mean_rank_time']:>9.3f} {r['peak_tokens_per_rank']:>13.0f} {r['microbatches_mean']:>5.1f} "
-            f"{r['solve_ms_median']:>9.3f}"
-        )
-    lb = next((r["lower_bound"] for r in result.values() if "lower_bound" in r), float("nan"))
-    print(f"lower bound (mean over batches): {lb * 1e3:.1f} ms; speed-up and gap are means of per-batch ratios")
-    return 0
+    else:
+        print(format_table(cmp.result, cmp.batches.describe()))
+    return report_failures(cmp, "compare")

@@ -1,53 +1,75 @@
-"""``dynacp plan``: plan one global batch and write it as JSON."""
+"""``dynacp plan``: plan one global batch and write it as JSON (the plan format plus where its lengths came from)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from typing import Any, Dict, Optional
 
 from dynacp import _core
 from dynacp.api import plan as make_plan
 from dynacp.commands import common
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) -> None:
     p = sub.add_parser(
-        "plan",
+        "plan", parents=parents or [],
         help="plan one global batch and write the plan as JSON",
-        description="Plans the first global batch (all of --lengths FILE when --gbs is 0) and writes the plan.",
+        description="Plans one global batch and writes the plan (docs/plan_format.md) with a 'source' object: the "
+        "lengths file, offset and seed, and for every sequence id i the 0-based file entry it came from "
+        "(source.entries[i]).",
     )
-    common.add_batch_args(p)
-    p.set_defaults(gbs=0)
-    p.add_argument("--strategy", default="fcp", help=f"one of {', '.join(_core.strategy_names())}")
+    common.add_batch_args(p, gbs_help="sequences in the batch (default: every entry of --lengths FILE from "
+                          "--offset on; 512 with --dist)")
+    p.add_argument("--strategy", default="dynacp",
+                   help=f"one of {', '.join(_core.strategy_names())} (default %(default)s)")
     p.add_argument("--out", metavar="FILE", help="write the plan JSON here (default: stdout)")
     common.add_cluster_args(p)
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def plan_document(args: argparse.Namespace) -> Dict[str, Any]:
+    """The JSON ``dynacp plan`` writes: ``Plan.to_dict()`` plus ``source`` (``Plan.from_dict`` ignores it)."""
     cluster, cost = common.cluster_and_cost(args)
-    if args.gbs == 0:
-        if not args.lengths:
-            args.gbs = 512
-        else:
+    gbs = args.gbs
+    if gbs is None:
+        if args.lengths:
             from dynacp.distributions import read_lengths
 
-            lengths = read_lengths(args.lengths)
-    if args.gbs:
-        lengths = next(common.batches(args, 1))
-    p = make_plan(lengths, cluster, cost, args.strategy, pp=args.pp, vpp=args.vpp, count_policy=args.count_policy)
-    text = json.dumps(p.to_dict(), indent=1)
+            gbs = read_lengths(args.lengths).size - args.offset
+            if gbs <= 0:
+                raise ValueError(f"--offset {args.offset} leaves no lengths of {args.lengths}")
+        else:
+            gbs = 512
+    batches = common.load(args, 1, gbs)
+    batch = batches.batches[0]
+    p = make_plan(batch.lengths, cluster, cost, args.strategy, pp=args.pp, vpp=args.vpp,
+                  count_policy=args.count_policy)
+    doc = p.to_dict()
+    source = dict(batches.source)
+    if batch.entries is not None:
+        source["entries"] = batch.entries.tolist()
+    doc["source"] = {**source, "sequences": int(batch.lengths.size),
+                     "note": "sequence id i is entry source.entries[i] (0-based) of the file"
+                     if batch.entries is not None else "sequence ids are positions in the sampled batch"}
+    doc["settings"] = {"ranks": cluster.num_ranks, "ranks_per_node": cluster.ranks_per_node,
+                       "tokens_per_rank": int(cost.token_capacity(cluster)), "cost_preset": args.cost, "pp": args.pp,
+                       "vpp": args.vpp, "count_policy": args.count_policy}
+    return doc
+
+
+def run(args: argparse.Namespace) -> int:
+    doc = plan_document(args)
+    text = json.dumps(doc, indent=1, allow_nan=False)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
-        pr = p.predicted
-        print(
-            f"wrote {args.out}: {len(lengths)} sequences, {len(p.microbatches)} microbatches, "
-            f"predicted step {pr.step_time * 1e3:.1f} ms (lower bound {pr.lower_bound * 1e3:.1f} ms), "
-            f"solved in {p.solve_ms:.2f} ms",
-            file=sys.stderr,
-        )
+        pr = doc["predicted"]
+        if not getattr(args, "quiet", False):
+            print(f"wrote {args.out}: {doc['source']['sequences']} sequences, {len(doc['microbatches'])} microbatch "
+                  f"slots, predicted step {pr['step_time'] * 1e3:.1f} ms (lower bound {pr['lower_bound'] * 1e3:.1f} "
+                  f"ms), solved in {doc['solve_ms']:.2f} ms", file=sys.stderr)
     else:
         print(text)
     return 0

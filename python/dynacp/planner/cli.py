@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import List, Optional
 
@@ -11,10 +12,13 @@ from dynacp.planner.model import ETP_CHOICES, OPTIMIZERS, RECOMPUTE
 from dynacp.planner.presets import preset_names
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register the ``configs`` subcommand."""
+def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) -> None:
+    """Register the ``configs`` subcommand (flag names shared with the other commands, Megatron-LM's long names
+    accepted as aliases: see ``dynacp.commands.common.ALIASES``)."""
+    from dynacp.commands.common import flags
+
     p = sub.add_parser(
-        "configs",
+        "configs", parents=parents or [],
         help="enumerate and rank TP/PP/CP/EP/DP layouts of a model on a cluster",
         description="Enumerates every (TP, PP, CP, EP, ETP, DP, VPP) with TP*PP*CP*DP = W, prices per-GPU memory and "
         "step time, ranks the feasible layouts and gives a one-line reason for each rejected one. With --lengths, "
@@ -25,8 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", required=True,
                    help=f"cluster JSON file or preset ({', '.join(preset_names('cluster'))})")
     g = p.add_argument_group("batch")
-    g.add_argument("--global-batch", type=int, default=256, help="sequences (packs) per step (default 256)")
-    g.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
+    g.add_argument(*flags("--gbs"), dest="gbs", type=int, default=256,
+                   help="sequences (or packs) per optimizer step (default 256)")
+    g.add_argument(*flags("--mbs"), dest="mbs", type=int, default=1, help="sequences per micro-batch (default 1)")
     g.add_argument("--seq-length", type=int, default=4096, help="tokens per sequence or pack (default 4096)")
     g.add_argument("--lengths", metavar="FILE|DIST",
                    help="length distribution: a file (one integer per line, or .npy) or an embedded distribution")
@@ -37,28 +42,46 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--chunked-ce", action="store_true", help="fused/chunked cross-entropy")
     o.add_argument("--etp", choices=ETP_CHOICES, default="any", help="expert TP: 1, =TP, or any (default)")
     o.add_argument("--ep-divides-dp", action="store_true", help="require EP | DP (no MoE parallel folding)")
-    o.add_argument("--cp", metavar="LIST", help="allowed CP degrees, comma-separated (default: all)")
-    o.add_argument("--max-vpp", type=int, default=1, help="largest interleaving degree (default 1)")
+    o.add_argument(*flags("--cp"), dest="cp", metavar="LIST", help="allowed CP degrees, comma-separated (default: all)")
+    o.add_argument(*flags("--tp"), dest="tp", metavar="LIST",
+                   help="show only layouts with these TP degrees, comma-separated (default: all)")
+    o.add_argument(*flags("--pp"), dest="pp", metavar="LIST",
+                   help="show only layouts with these PP degrees, comma-separated (default: all)")
+    o.add_argument("--max-vpp", type=int, default=1, help="largest interleaving (virtual pipeline) degree (default 1)")
     o.add_argument("--allow-uneven-pp", action="store_true", help="accept PP not dividing the layers")
-    o.add_argument("--headroom", type=float, default=0.8, help="usable fraction of GPU memory (default 0.8)")
-    o.add_argument("--mfu", type=float, default=0.45, help="achieved fraction of peak FLOP/s (default 0.45)")
-    o.add_argument("--batches", type=int, default=4, help="global batches sampled with --lengths (default 4)")
+    o.add_argument("--headroom", type=float, default=0.8,
+                   help="usable fraction of GPU memory (0..1, default 0.8)")
+    o.add_argument("--mfu", type=float, default=0.45, help="achieved fraction of peak FLOP/s (0..1, default 0.45)")
+    o.add_argument("--batches", type=int, default=4, help="global batches sampled with --lengths (count, default 4)")
     o.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     out = p.add_argument_group("output")
     out.add_argument("--top", type=int, default=10, help="feasible layouts to print (default 10)")
     out.add_argument("--rejected", action="store_true", help="list every rejected layout with its reason")
-    out.add_argument("--json", action="store_true", help="print the whole table as JSON")
+    out.add_argument("--json", action="store_true", help="print the whole table as JSON (bytes and seconds)")
     p.set_defaults(func=run)
 
 
-def _cp_list(text: str) -> tuple:
+def _cp_list(text: str, flag: str = "--cp") -> tuple:
     try:
         vals = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError as e:
-        raise ValueError(f"--cp must be comma-separated integers, got {text!r}") from e
+        raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from e
     if not vals:
-        raise ValueError("--cp is empty")
+        raise ValueError(f"{flag} is empty")
     return vals
+
+
+def _only(table, args: argparse.Namespace):
+    """The table restricted to the --tp / --pp degrees asked for (rows and rejections alike)."""
+    dims = {k: _cp_list(getattr(args, k), f"--{k}") for k in ("tp", "pp") if getattr(args, k)}
+    if not dims:
+        return table
+
+    def keep(row) -> bool:
+        return all(getattr(row.layout, k) in v for k, v in dims.items())
+
+    return dataclasses.replace(table, rows=[r for r in table.rows if keep(r)],
+                               rejected=[r for r in table.rejected if keep(r)])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,9 +95,10 @@ def run(args: argparse.Namespace) -> int:
         "allow_uneven_pp": args.allow_uneven_pp, "memory_headroom": args.headroom, "mfu": args.mfu,
         "sample_batches": args.batches, "seed": args.seed,
     }
-    batch = {"global_batch": args.global_batch, "seq_length": args.seq_length, "micro_batch": args.micro_batch}
+    batch = {"global_batch": args.gbs, "seq_length": args.seq_length, "micro_batch": args.mbs}
     table = configs(args.model, args.cluster, batch, options, lengths=args.lengths,
-                    progress=not args.json and sys.stderr.isatty())
+                    progress=not args.json and not getattr(args, "quiet", False) and sys.stderr.isatty())
+    table = _only(table, args)
     if args.json:
         print(table.to_json())
     else:
