@@ -529,3 +529,49 @@ def use_dynacp_scheduler(wrapper: Any, **kwargs: Any) -> DynacpCPScheduler:
     sched = DynacpCPScheduler(wrapper.config.max_seqlen_per_dp_cp_rank, wrapper.dp_cp_group, **kwargs)
     wrapper.cp_balancing_scheduler = sched
     return sched
+
+
+def compare_with_reimplementation(lengths: Sequence[int], cluster: _core.Cluster,
+                                  cost: _core.CostModel) -> Dict[str, Any]:
+    """The released scheduler against dynacp's ``megatron`` re-implementation on one batch (docs/strategies.md).
+
+    Returns a dict: ``groups`` (released Megatron groups, re-implementation microbatches), ``same_partition`` (the
+    same sets of sequences per group / microbatch), ``same_degree`` (sequences on the same CP size in both),
+    ``widened`` (sequences above their least power-of-two degree, released and re-implementation),
+    ``packed_groups`` (re-implementation CP groups holding several sequences, of all its groups), ``step_time``
+    (predicted seconds, released with its barriers, and re-implementation).
+    """
+    lens = np.asarray(lengths, dtype=np.int64)
+    P, cap = cluster.num_ranks, cost.token_capacity(cluster)
+    released, _ = released_groups(lens, P, cap)
+    from dynacp.api import plan as make_plan
+
+    reimpl = make_plan(lens, cluster, cost, "megatron")
+    r_deg, r_grp, m_deg, m_grp = {}, {}, {}, {}
+    for j, group in enumerate(released):
+        for ids in group:
+            for x in ids:
+                r_deg[x] = r_deg.get(x, 0) + 1
+                r_grp[x] = j
+    packed = total = 0
+    for j, slot in enumerate(reimpl.microbatches):
+        for g in slot:
+            total += 1
+            packed += len(g.sequences) > 1
+            for x in g.sequences:
+                m_deg[int(x)], m_grp[int(x)] = len(g.ranks), j
+    least = [next(d for d in megatron_degrees(P) if d * cap >= s) for s in lens]
+
+    def partition(owner: Dict[int, int]) -> List[Tuple[int, ...]]:
+        return sorted(tuple(sorted(x for x in owner if owner[x] == j)) for j in set(owner.values()))
+
+    return {
+        "groups": (len(released), len(reimpl.microbatches)),
+        "same_partition": partition(r_grp) == partition(m_grp),
+        "same_degree": sum(r_deg[x] == m_deg[x] for x in range(lens.size)),
+        "widened": (sum(r_deg[x] > least[x] for x in range(lens.size)),
+                    sum(m_deg[x] > least[x] for x in range(lens.size))),
+        "packed_groups": (packed, total),
+        "step_time": (plan_from_sample_id_groups(released, lens, cluster, cost).predicted.step_time,
+                      reimpl.predicted.step_time),
+    }
