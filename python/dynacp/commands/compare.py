@@ -23,7 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     common.add_batch_args(p)
     p.add_argument("--batches", type=int, default=8, help="global batches K (default 8)")
-    p.add_argument("--strategies", help="comma-separated strategy names (default: all registered)")
+    p.add_argument("--strategies", help="comma-separated strategy names (default: all registered); also "
+                   "`megatron-core`: Megatron-Core 0.16.1's released scheduler (pp = 1; needs megatron-core)")
     common.add_cluster_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object keyed by strategy")
     p.add_argument("--plot", metavar="FILE.png", help="Gantt chart of the first batch, one panel per strategy")
@@ -34,7 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def compare(args: argparse.Namespace) -> Dict[str, Dict[str, float]]:
     """Runs the comparison and returns per-strategy aggregate metrics (times in seconds)."""
     cluster, cost = common.cluster_and_cost(args)
-    names = common.split_names(args.strategies, _core.strategy_names())
+    # Python-side peers (e.g. `megatron-core`, the released Megatron-Core scheduler) run only when named
+    peers = ["megatron-core"]
+    names = common.split_names(args.strategies, _core.strategy_names() + (peers if args.strategies else []))
     batch_list = list(common.batches(args, args.batches))
     rows: Dict[str, Dict[str, List[float]]] = {n: {} for n in names}
     first_plans = {}
@@ -53,7 +56,12 @@ def compare(args: argparse.Namespace) -> Dict[str, Dict[str, float]]:
         if name in errors:
             continue
         try:
-            p = make_plan(lengths, cluster, cost, name, pp=args.pp, vpp=args.vpp, count_policy=args.count_policy)
+            planner = make_plan
+            if name in peers:
+                from dynacp.integration.megatron_core import PEER_STRATEGIES
+
+                planner = PEER_STRATEGIES[name]
+            p = planner(lengths, cluster, cost, name, pp=args.pp, vpp=args.vpp, count_policy=args.count_policy)
         except (RuntimeError, ValueError) as e:
             # RuntimeError: e.g. a pipelined plan that would deadlock under 1F1B; ValueError: e.g. an anchor whose
             # microbatch counts break the vpp rule. Either way the other strategies still run.
@@ -114,16 +122,17 @@ def run(args: argparse.Namespace) -> int:
         f"dynacp compare: {args.batches} batches x {args.gbs} sequences from {src}; P={args.ranks} "
         f"({args.ranks_per_node}/node), {args.tokens_per_rank} tokens/rank, cost={args.cost}, pp={args.pp}"
     )
-    hdr = (f"{'strategy':<10} {'step ms':>10} {'speedup':>8} {'gap to LB':>9} {'max/mean':>9} "
+    w = max([10] + [len(n) for n in result])  # name column: 10 unless a longer name (megatron-core) is shown
+    hdr = (f"{'strategy':<{w}} {'step ms':>10} {'speedup':>8} {'gap to LB':>9} {'max/mean':>9} "
            f"{'peak tok/rank':>13} {'mb':>5} {'solve ms':>9}")
     print(hdr)
     print("-" * len(hdr))
     for name, r in result.items():
         if "error" in r:
-            print(f"{name:<10} failed: {r['error'][:150]}")
+            print(f"{name:<{w}} failed: {r['error'][:150]}")
             continue
         print(
-            f"{name:<10} {r['step_time'] * 1e3:>10.1f} {r['speedup_vs_packing']:>7.3f}x {r['gap_to_lower_bound']:>8.1%} "
+            f"{name:<{w}} {r['step_time'] * 1e3:>10.1f} {r['speedup_vs_packing']:>7.3f}x {r['gap_to_lower_bound']:>8.1%} "
             f"{r['max_over_mean_rank_time']:>9.3f} {r['peak_tokens_per_rank']:>13.0f} {r['microbatches_mean']:>5.1f} "
             f"{r['solve_ms_median']:>9.3f}"
         )
