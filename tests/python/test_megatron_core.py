@@ -123,8 +123,10 @@ def test_dynacp_scheduler_is_runnable_and_never_slower_than_released(P: int) -> 
         assert groups == [[[by_id[x] for x in r] for r in g] for g in sample_id_groups]
         try:
             released = mc.released_plan(lens, cluster, cost)
-        except RuntimeError as exc:  # 0.16.1 asserts in fill_empty_gpus on some pools that are not powers of two
-            assert P == 12 and "cannot reditribute" in str(exc)
+        except (RuntimeError, ValueError) as exc:
+            # pools that are not powers of two: 0.16.1 asserts in fill_empty_gpus on some batches, and cannot place a
+            # sequence whose power-of-two CP size exceeds the pool (dynacp's schedule gives it the whole pool)
+            assert P == 12 and ("cannot reditribute" in str(exc) or "at most the 12 ranks" in str(exc)), exc
             continue
         assert sched.last_plan.predicted.step_time <= released.predicted.step_time * (1 + 1e-12), (P, trial)
 

@@ -21,6 +21,7 @@ See docs/integration.md and docs/strategies.md.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -85,16 +86,18 @@ def released_groups(lengths: Sequence[int], num_ranks: int, max_seq_len_per_rank
         ``get_groups_and_subsamples`` call alone, measured with ``time.perf_counter``).
 
     Raises:
-        ValueError: a sequence needs more than ``num_ranks`` ranks (the released scheduler would assert).
+        ValueError: a sequence whose power-of-two CP size exceeds ``num_ranks`` (the released scheduler would assert).
         RuntimeError: megatron-core is missing, or its scheduler failed (its assertion is quoted).
     """
     lens = [int(s) for s in lengths]
     if num_ranks < 1 or max_seq_len_per_rank < 1:
         raise ValueError(f"num_ranks and max_seq_len_per_rank must be >= 1, got {num_ranks} and {max_seq_len_per_rank}")
     for i, s in enumerate(lens):
-        if s < 1 or s > num_ranks * max_seq_len_per_rank:
-            raise ValueError(f"sequence {i} has {s} tokens; the released scheduler needs 1 <= s <= "
-                             f"num_ranks x max_seq_len_per_rank = {num_ranks * max_seq_len_per_rank} tokens")
+        need = 1 << max(0, math.ceil(math.log2(s / max_seq_len_per_rank))) if s >= 1 else 0
+        if s < 1 or need > num_ranks:
+            raise ValueError(f"sequence {i} has {s} tokens; the released scheduler needs s >= 1 and its CP size, the "
+                             f"next power of two of s / {max_seq_len_per_rank} tokens per rank ({need}), at most "
+                             f"the {num_ranks} ranks")
     scheduler = released_scheduler_class()(max_seq_len_per_rank=max_seq_len_per_rank, dp_cp_group=PoolSize(num_ranks))
     t0 = time.perf_counter()
     try:
@@ -334,7 +337,7 @@ def _list_schedule(lens: np.ndarray, cluster: _core.Cluster, cost: _core.CostMod
         area0 = least[i] * times(s, least[i], least[i] > rpn)
         best = (np.inf, 0, 0)
         for d in degrees[degrees.index(least[i]):]:
-            t = np.array([times(s, d, bool(c)) for c in crosses[d]])
+            t = np.where(crosses[d], times(s, d, True), times(s, d, False))
             if slack is not None and d > least[i] and d * t.min() > (1 + slack) * area0:
                 break
             starts = free[: len(t) * d].reshape(len(t), d).max(axis=1) if d < P else np.array([free.max()])
@@ -440,7 +443,8 @@ class DynacpCPScheduler:
         self._times = _TimeTable(self.cluster, self.cost)
 
     def gpus_needed(self, seq_len: int) -> int:
-        """Least CP size of a sub-sample (as the released scheduler: the next power of two of ``s / capacity``)."""
+        """Least CP size of a sub-sample: the next power of two of ``s / capacity`` as in the released scheduler, or
+        the whole pool when that exceeds it (the pool need not be a power of two here)."""
         return next(d for d in megatron_degrees(self.total_hdp_gpus) if d * self.max_seq_len_per_rank >= seq_len)
 
     def get_total_workload(self, seq_length: int, cp_size: Optional[int] = None) -> float:
@@ -491,7 +495,7 @@ class DynacpCPScheduler:
         if self.include_released:
             try:
                 out["released"] = released_groups(lens, self.total_hdp_gpus, self.max_seq_len_per_rank)
-            except RuntimeError as exc:
+            except (RuntimeError, ValueError) as exc:  # not installed, or it cannot schedule this batch
                 log.debug("DynacpCPScheduler: released scheduler not used: %s", exc)
         return out
 
