@@ -145,3 +145,32 @@ def test_rearrange_rejects_bad_input() -> None:
         dv.rearrange_micro_batches(batch, 7)
     with pytest.raises(ValueError, match="force_group_size"):
         dv.rearrange_micro_batches(batch, 8, force_group_size=2)
+
+
+def _dp_worker(rank: int, world: int) -> dict:
+    """Both implementations with dp_group = the world: every rank has its own batch; counts are agreed by all-reduce."""
+    import torch.distributed as dist
+
+    verl = load_verl_balancing()
+    rng = np.random.default_rng(100 + rank)
+    B = 8 + 4 * rank  # different batch sizes per rank
+    lens = rng.integers(1, 257, B)
+    batch = _mask_batch(lens, 256)
+    out = {"lens": lens.tolist()}
+    for name, fn in (("ours", dv.rearrange_micro_batches), ("verl", verl.rearrange_micro_batches)):
+        _, parts = fn(batch, 300, dp_group=dist.group.WORLD, num_batches_divided_by=2)
+        out[name] = parts
+    return out
+
+
+def test_rearrange_agrees_on_the_count_over_a_gloo_dp_group() -> None:
+    from gloo_workers import run_workers
+
+    runs = run_workers(_dp_worker, world=3)
+    counts = {len(r["ours"]) for r in runs}
+    assert len(counts) == 1 and counts.pop() % 2 == 0  # one count on every rank, a multiple of 2
+    assert len(runs[0]["ours"]) <= len(runs[0]["verl"])
+    for r in runs:
+        assert sorted(i for p in r["ours"] for i in p) == list(range(len(r["lens"])))
+        lens = np.asarray(r["lens"])
+        assert all(int(lens[p].sum()) <= 300 for p in r["ours"])

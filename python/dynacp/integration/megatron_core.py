@@ -404,11 +404,10 @@ class DynacpCPScheduler:
 
     Every global batch it builds candidates -- list schedules from dynacp's cost model (each sequence, slowest first,
     on the aligned block where it finishes earliest while its rank-time stays within 0, 2 or 5 % of that at its
-    least degree), dynacp's ``megatron``
-    strategy, and, when megatron-core is importable and ``include_released`` is set, the released scheduler's own
-    schedule -- prices each with dynacp's evaluator (Megatron's barrier after each group included,
-    :func:`plan_from_sample_id_groups`) and returns the fastest. So under the cost model it is never slower than the
-    released scheduler on the same batch. All candidates are one group: no barrier inside the step.
+    least degree), dynacp's ``megatron`` strategy (both one Megatron group: no barrier inside the step), and, when
+    megatron-core is importable and ``include_released`` is set, the released scheduler's own schedule -- prices
+    each with dynacp's evaluator (Megatron's barrier after each group included, :func:`plan_from_sample_id_groups`)
+    and returns the fastest. So under the cost model it is never slower than the released scheduler on the same batch.
 
     Args:
         max_seq_len_per_rank: tokens one rank holds (Megatron's ``max_seqlen_per_dp_cp_rank``).
