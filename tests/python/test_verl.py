@@ -81,11 +81,15 @@ def test_balance_by_cost_model_weights_attention_quadratically() -> None:
     # causal attention a/2 s^2 plus linear b s, without the per-group overhead
     expected = [cost.causal_factor * cost.attn_coef * s * s + cost.linear_coef * s for s in (1000, 2000, 4000)]
     np.testing.assert_allclose(w, expected, rtol=1e-9)
-    # one 32K sequence against 8 x 4K: equal tokens, but attention makes the long one the heavier part alone
-    lens = [32768] + [4096] * 8
-    assert dv.get_seqlen_balanced_partitions(lens, 2, False) in ([[0], list(range(1, 9))], [list(range(1, 9)), [0]])
-    by_cost = dv.get_seqlen_balanced_partitions(lens, 2, False, balance_by="cost")
-    assert [0] in by_cost or sorted(len(p) for p in by_cost) != [1, 8]
+    # 64K + 4 x 8K + 2 x 16K + 32K into 2: balancing tokens gives 81,920 | 81,920 tokens, but the part with the 64K
+    # sequence then carries far more attention; balancing the cost model puts the 64K sequence alone
+    lens = [65536, 8192, 8192, 8192, 8192, 16384, 16384, 32768]
+    w = dv.cost_workload(lens, cost)
+    by_tokens = dv.get_seqlen_balanced_partitions(lens, 2, False)
+    by_cost = dv.get_seqlen_balanced_partitions(lens, 2, False, balance_by="cost", cost=cost)
+    assert sorted(sum(lens[i] for i in p) for p in by_tokens) == [81920, 81920]
+    assert [0] in by_cost
+    assert max(w[p].sum() for p in by_cost) < 0.95 * max(w[p].sum() for p in by_tokens)
     with pytest.raises(ValueError, match="balance_by"):
         dv.get_seqlen_balanced_partitions(lens, 2, False, balance_by="tokens")
 
