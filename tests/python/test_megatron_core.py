@@ -236,3 +236,15 @@ def test_megatron_wrapper_routes_the_schedule() -> None:
                 assert res["samples"][gid]["labels"] == [_token(r, s, k, p) + 1 for p in range(n)]
         step[scheduler] = mc.plan_from_sample_id_groups(groups, lens, cluster, cost).predicted.step_time
     assert step["dynacp"] <= step["released"] * (1 + 1e-12)
+
+
+def test_module_level_switch_builds_dynacp_in_megatrons_wrapper(monkeypatch) -> None:
+    """The other one-line switch: megatron-core's wrapper builds whatever `BalancedCPScheduler` names in its module."""
+    from megatron.core.datasets import data_schedule
+
+    monkeypatch.setattr(data_schedule, "BalancedCPScheduler", mc.DynacpCPScheduler)
+    pool = SimpleNamespace(dp_cp=mc.PoolSize(8), dp=mc.PoolSize(8), tp=mc.PoolSize(1))
+    wrapper = data_schedule.HybridCPDataLoaderWrapper(iter([]), SimpleNamespace(max_seqlen_per_dp_cp_rank=4096), pool)
+    sched = wrapper.cp_balancing_scheduler
+    assert isinstance(sched, mc.DynacpCPScheduler) and sched.total_hdp_gpus == 8
+    assert sched.max_seq_len_per_rank == 4096 and sched.cost.token_capacity(sched.cluster) == 4096
