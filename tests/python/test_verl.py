@@ -131,7 +131,7 @@ def test_rearrange_micro_batches_against_verl(verl) -> None:
             compared += 1
         else:
             fewer += 1
-    assert compared > 200 and fewer > 0  # measured: 266 compared, 20 with fewer micro-batches
+    assert compared > 200 and fewer > 0  # measured: 266 compared (173 lighter), 23 with fewer micro-batches
 
 
 def test_rearrange_orders_heaviest_in_the_middle() -> None:
