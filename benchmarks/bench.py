@@ -13,13 +13,18 @@ as fast as every other strategy on every batch. Predicted times come from dynacp
 An anchor's plan that the simulator rejects shows as `[k deadlock]` (shared CP groups at different 1F1B positions)
 or, under vpp > 1, `[k no vpp]` (microbatch counts that are not multiples of pp; megatron splits to one where it
 can).
+
+The `megatron-core` column is Megatron-Core 0.16.1's released `BalancedCPScheduler` itself (installed by
+scripts/setup.sh; `--no-megatron-core` leaves it out): its groups become a dynacp Plan priced by the same cost model
+(its barrier after each group included), and its solve time is its own Python call, measured here. It schedules only
+without pipelines, so its pp > 1 cells read `n/a`.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Dict, Iterator, List, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -45,17 +50,29 @@ def workloads(gbs: int, seed: int) -> Dict[str, Iterator[np.ndarray]]:
     return out
 
 
+def released_peer(enabled: bool) -> Optional[Callable[..., dynacp.Plan]]:
+    """Megatron-Core's released scheduler as a planner (None when disabled; fails loudly when not installed)."""
+    if not enabled:
+        return None
+    from dynacp.integration import megatron_core
+
+    megatron_core.released_scheduler_class()  # RuntimeError with the install command when megatron-core is missing
+    return megatron_core.released_plan
+
+
 def run(args: argparse.Namespace) -> Tuple[List[str], bool]:
     cost = dynacp.CostModel()
     cluster = dynacp.Cluster(num_ranks=args.ranks, ranks_per_node=args.ranks_per_node,
                              activation_budget=args.tokens_per_rank * cost.mem_per_token)
-    names = dynacp.strategy_names()
+    peer = released_peer(args.megatron_core)
+    names = dynacp.strategy_names() + (["megatron-core"] if peer else [])
     lines = [
         f"P = {args.ranks} ({args.ranks_per_node}/node), {args.tokens_per_rank} tokens/rank, GBS {args.gbs}, "
         f"{args.batches} batches per row, cost preset {cost.name}",
         "",
-        "| workload | pp | " + " | ".join(f"{n} step s (x, gap)" for n in names) + " | dynacp solve ms | dynacp <= all |",
-        "|---|---|" + "---|" * len(names) + "---|---|",
+        "| workload | pp | " + " | ".join(f"{n} step s (x, gap)" for n in names) + " | dynacp solve ms | "
+        + ("megatron-core solve ms | " if peer else "") + "dynacp <= all |",
+        "|---|---|" + "---|" * len(names) + "---|" + ("---|" if peer else "") + "---|",
     ]
     all_ok = True
     try:
@@ -69,15 +86,20 @@ def run(args: argparse.Namespace) -> Tuple[List[str], bool]:
         steps = {n: [] for n in names}
         gaps = {n: [] for n in names}
         failed: Dict[str, Dict[str, int]] = {n: {} for n in names}
-        solve = []
+        solve, peer_solve = [], []
         ok = True
         for _ in range(args.batches):
             lengths = next(gen)
             best_other = np.inf
             for n in names:
                 vpp = args.vpp if pp > 1 else 1
+                if n == "megatron-core" and pp > 1:  # the released scheduler has no pipelined schedule
+                    failed[n]["n/a"] = failed[n].get("n/a", 0) + 1
+                    steps[n].append(np.nan)
+                    gaps[n].append(np.nan)
+                    continue
                 try:
-                    p = dynacp.plan(lengths, cluster, cost, n, pp=pp, vpp=vpp)
+                    p = (peer if n == "megatron-core" else dynacp.plan)(lengths, cluster, cost, n, pp=pp, vpp=vpp)
                 except (RuntimeError, ValueError) as e:
                     # an anchor's pipelined plan that would deadlock under 1F1B, or under vpp > 1 whose counts are
                     # not multiples of pp; anything else (and any dynacp failure) is a real error
@@ -93,6 +115,8 @@ def run(args: argparse.Namespace) -> Tuple[List[str], bool]:
                 if n == "dynacp":
                     solve.append(p.solve_ms)
                 else:
+                    if n == "megatron-core":
+                        peer_solve.append(p.solve_ms)
                     best_other = min(best_other, p.predicted.step_time)
             ok &= steps["dynacp"][-1] <= best_other * (1 + 1e-12)
             if bar:
@@ -109,7 +133,9 @@ def run(args: argparse.Namespace) -> Tuple[List[str], bool]:
             cell = f"{np.nanmean(s):.3f} ({speedup}, {np.nanmean(gaps[n]):.1%})"
             cells.append(cell + "".join(f" [{k} {why}]" for why, k in failed[n].items()))
         label = f"{pp} (vpp {args.vpp})" if pp > 1 and args.vpp > 1 else f"{pp}"
-        lines.append(f"| {wname} | {label} | " + " | ".join(cells) + f" | {np.median(solve):.2f} | {'yes' if ok else 'NO'} |")
+        peer_cell = (f"{np.median(peer_solve):.2f} | " if peer_solve else "n/a | ") if peer else ""
+        lines.append(f"| {wname} | {label} | " + " | ".join(cells) + f" | {np.median(solve):.2f} | {peer_cell}"
+                     f"{'yes' if ok else 'NO'} |")
     if bar:
         bar.close()
     return lines, all_ok
@@ -125,6 +151,8 @@ def main() -> int:
     ap.add_argument("--pp", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--vpp", type=int, default=1, help="virtual stages for the pp > 1 rows (interleaved 1F1B)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-megatron-core", dest="megatron_core", action="store_false",
+                    help="leave out the released Megatron-Core scheduler's column")
     args = ap.parse_args()
     lines, ok = run(args)
     print("\n".join(lines))

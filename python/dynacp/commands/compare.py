@@ -15,6 +15,9 @@ from dynacp import _core
 from dynacp.api import plan as make_plan
 from dynacp.commands import common
 
+#: Strategies planned in Python rather than the C++ registry; named explicitly with --strategies.
+PEERS = ["megatron-core"]
+
 # (table header, JSON key, what it means -- with its unit); the --help epilog, the JSON "columns" and the HTML
 # report are all generated from this one list.
 COLUMNS = [
@@ -54,7 +57,8 @@ def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) 
     )
     common.add_batch_args(p)
     p.add_argument("--batches", type=int, default=8, help="global batches K (count, default 8)")
-    p.add_argument("--strategies", help="comma-separated strategy names (default: all registered)")
+    p.add_argument("--strategies", help="comma-separated strategy names (default: all registered); also "
+                   "`megatron-core`: Megatron-Core 0.16.1's released scheduler (pp = 1; needs megatron-core)")
     common.add_cluster_args(p)
     add_output_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object: metadata, columns, strategies")
@@ -103,8 +107,13 @@ def _plan_all(args: argparse.Namespace, names: List[str], batches: common.Batche
         if name in errors:
             continue
         try:
-            p = make_plan(batches.batches[b].lengths, cluster, cost, name, pp=args.pp, vpp=args.vpp,
-                          count_policy=args.count_policy)
+            planner = make_plan
+            if name in PEERS:  # Python-side peers: the released Megatron-Core scheduler
+                from dynacp.integration.megatron_core import PEER_STRATEGIES
+
+                planner = PEER_STRATEGIES[name]
+            p = planner(batches.batches[b].lengths, cluster, cost, name, pp=args.pp, vpp=args.vpp,
+                        count_policy=args.count_policy)
         except (RuntimeError, ValueError) as e:
             # RuntimeError: e.g. a pipelined plan that would deadlock under 1F1B; ValueError: e.g. an anchor whose
             # microbatch counts break the vpp rule. Either way the other strategies still run.
@@ -131,7 +140,8 @@ def run_comparison(args: argparse.Namespace) -> Comparison:
     """Plans every batch with every strategy; ``result`` has times in milliseconds (keys say so), null for a
     number that does not exist (e.g. the speed-up over a packing that failed)."""
     cluster, cost = common.cluster_and_cost(args)
-    names = common.split_names(args.strategies, _core.strategy_names())
+    # Python-side peers (`megatron-core`, the released Megatron-Core scheduler) run only when named
+    names = common.split_names(args.strategies, _core.strategy_names() + (PEERS if args.strategies else []))
     batches = common.load(args, args.batches, args.gbs if args.gbs is not None else 512)
     rows, first_plans, errors = _plan_all(args, names, batches, cluster, cost)
     base = np.asarray(rows["packing"]["step"]) if "packing" in rows and "packing" not in errors else None
@@ -183,16 +193,17 @@ def format_table(result: Dict[str, Any], describe: str) -> str:
         f"P={cl['ranks']} ({cl['ranks_per_node']}/node), {cl['tokens_per_rank']} tokens/rank, cost={m['cost_preset']}, "
         f"pp={m['pp']}, vpp={m['vpp']}",
     ]
-    hdr = (f"{'strategy':<10} {'step ms':>10} {'speedup':>8} {'gap to LB':>9} {'max/mean':>9} "
+    w = max([10] + [len(n) for n in result["strategies"]])  # 10 unless a longer name (megatron-core) is shown
+    hdr = (f"{'strategy':<{w}} {'step ms':>10} {'speedup':>8} {'gap to LB':>9} {'max/mean':>9} "
            f"{'peak tok/rank':>13} {'mb':>5} {'solve ms':>9}")
     lines += [hdr, "-" * len(hdr)]
     for name, r in result["strategies"].items():
         if r["error"] is not None:
-            lines.append(f"{name:<10} failed: {r['error'][:150]}")
+            lines.append(f"{name:<{w}} failed: {r['error'][:150]}")
             continue
         sp = f"{r['speedup_vs_packing']:>7.3f}x" if r["speedup_vs_packing"] is not None else f"{'n/a':>8}"
         lines.append(
-            f"{name:<10} {r['step_time_ms']:>10.1f} {sp} {r['gap_to_lower_bound']:>8.1%} "
+            f"{name:<{w}} {r['step_time_ms']:>10.1f} {sp} {r['gap_to_lower_bound']:>8.1%} "
             f"{r['max_over_mean_rank_time']:>9.3f} {r['peak_tokens_per_rank']:>13d} {r['microbatches_mean']:>5.1f} "
             f"{r['median_solve_ms']:>9.3f}")
     lb = result["lower_bound_ms"]

@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""DynacpCPScheduler (the Megatron-Core drop-in) against the released BalancedCPScheduler and dynacp's own plans.
+
+Same batches as benchmarks/bench.py (each embedded distribution and FCP's extreme batch). Per workload: the mean
+predicted step time (dynacp's cost model; Megatron schedules priced with their barriers) of the released scheduler,
+of DynacpCPScheduler, and of `dynacp` (THD-packing plans that Megatron's hybrid-CP loop cannot run), and the median
+wall time of one DynacpCPScheduler call on this machine (all its candidates, the released scheduler's included).
+
+    python3 tools/megatron_core_adapter.py --batches 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import dynacp
+from dynacp.integration import megatron_core as mc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench import workloads  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, default=4, help="batches per workload (default 4)")
+    ap.add_argument("--gbs", type=int, default=512, help="sequences per batch (default 512)")
+    ap.add_argument("--ranks", type=int, default=64, help="DP x CP ranks (default 64)")
+    ap.add_argument("--tokens-per-rank", type=int, default=16384, help="tokens one rank holds (default 16384)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    cost = dynacp.CostModel()
+    cluster = dynacp.Cluster(num_ranks=args.ranks, ranks_per_node=8,
+                             activation_budget=args.tokens_per_rank * cost.mem_per_token)
+    print(f"P = {args.ranks} (8/node), {args.tokens_per_rank} tokens/rank, GBS {args.gbs}, {args.batches} batches "
+          "per row; step times predicted (s), solve times measured (ms)\n")
+    print("| workload | released step s | DynacpCPScheduler step s | dynacp step s | DynacpCPScheduler solve ms |")
+    print("|---|---|---|---|---|")
+    for name, gen in workloads(args.gbs, args.seed).items():
+        rel, ada, own, ms = [], [], [], []
+        for _ in range(args.batches):
+            lens = next(gen)
+            rel.append(mc.released_plan(lens, cluster, cost).predicted.step_time)
+            sched = mc.DynacpCPScheduler(args.tokens_per_rank, mc.PoolSize(args.ranks), cost=cost, ranks_per_node=8)
+            t0 = time.perf_counter()
+            sched.get_groups_and_subsamples(list(enumerate(lens.tolist())), None)
+            ms.append((time.perf_counter() - t0) * 1e3)
+            ada.append(sched.last_plan.predicted.step_time)
+            own.append(dynacp.plan(lens, cluster, cost, "dynacp").predicted.step_time)
+        print(f"| {name} | {np.mean(rel):.3f} | {np.mean(ada):.3f} | {np.mean(own):.3f} | {np.median(ms):.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

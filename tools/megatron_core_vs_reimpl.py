@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Megatron-Core 0.16.1's released BalancedCPScheduler against dynacp's `megatron` re-implementation.
+
+Per workload, over --batches batches of --gbs sequences on --ranks ranks: how many batches get the same partition of
+sequences into groups (released) / microbatches (re-implementation), how many sequences get the same CP size, how
+many are widened above their least power-of-two degree, how many re-implementation groups pack several sequences,
+and both predicted step times (dynacp's cost model; the released schedule with its barriers). docs/strategies.md
+records the output and explains each difference.
+
+    python3 tools/megatron_core_vs_reimpl.py --batches 20        # 5 workloads x 20 = 100 batches
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+import dynacp
+from dynacp import distributions
+from dynacp.integration.megatron_core import compare_with_reimplementation
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, default=20, help="batches per workload (default 20)")
+    ap.add_argument("--gbs", type=int, default=512, help="sequences per batch (default 512)")
+    ap.add_argument("--ranks", type=int, default=64, help="DP x CP ranks (default 64)")
+    ap.add_argument("--tokens-per-rank", type=int, default=16384, help="tokens one rank holds (default 16384)")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    cost = dynacp.CostModel()
+    cluster = dynacp.Cluster(num_ranks=args.ranks, ranks_per_node=8,
+                             activation_budget=args.tokens_per_rank * cost.mem_per_token)
+    print(f"P = {args.ranks}, {args.tokens_per_rank} tokens/rank, GBS {args.gbs}, {args.batches} batches per row\n")
+    print("| workload | same partition | groups (released / re-impl) | same CP size | widened (released / re-impl) "
+          "| re-impl packed groups | step s (released / re-impl) |")
+    print("|---|---|---|---|---|---|---|")
+    for name in distributions.names():
+        rng = np.random.default_rng(args.seed)
+        rows = [compare_with_reimplementation(distributions.get(name).sample(args.gbs, rng), cluster, cost)
+                for _ in range(args.batches)]
+        n = args.batches * args.gbs
+        same = sum(r["same_partition"] for r in rows)
+        groups = [sum(r["groups"][i] for r in rows) / args.batches for i in range(2)]
+        widened = [sum(r["widened"][i] for r in rows) / n for i in range(2)]
+        packed = sum(r["packed_groups"][0] for r in rows) / max(1, sum(r["packed_groups"][1] for r in rows))
+        steps = [np.mean([r["step_time"][i] for r in rows]) for i in range(2)]
+        print(f"| {name} | {same}/{args.batches} | {groups[0]:.2f} / {groups[1]:.2f} | "
+              f"{sum(r['same_degree'] for r in rows) / n:.1%} | {widened[0]:.1%} / {widened[1]:.1%} | {packed:.1%} | "
+              f"{steps[0]:.3f} / {steps[1]:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
