@@ -276,7 +276,10 @@ def configs(
             lay, mem, tm = row.layout, row.memory, row.time
             assert mem is not None and tm is not None
             static_bytes = mem.model_states + mem.buffers
-            fields = dynamic.scheduler_inputs(m_cfg, c_cfg, b_cfg, lay, opts, static_bytes, tm.microbatches)
+            full = 4 / 3 if opts.recompute == "full" else 1.0
+            speed = tm.model_flops / c_cfg.world * full / tm.compute if tm.compute > 0 else None
+            fields = dynamic.scheduler_inputs(m_cfg, c_cfg, b_cfg, lay, opts, static_bytes, tm.microbatches,
+                                              speed)
             key = tuple(sorted(fields.items()))
             if key not in cache:
                 cache[key] = dynamic.predict_scheduled(fields, batches, 1.0, 0.0,

@@ -208,6 +208,10 @@ class ClusterConfig:
     """Bytes/s per GPU for collectives inside a node (bus bandwidth, nccl-tests convention)."""
     inter_node_bandwidth: float = 50e9
     """Bytes/s per GPU for collectives across nodes (one 400 Gb/s NIC per GPU = 50e9)."""
+    hbm_bandwidth: float = 3.35e12
+    """Bytes/s of GPU memory bandwidth (H100 SXM 3.35e12); prices the memory-bound (elementwise) work."""
+    fp8_peak_flops: Optional[float] = None
+    """Peak dense FP8 FLOP/s per GPU; None = 2 x peak_flops (H100 SXM 1979e12)."""
     world_size: Optional[int] = None
     """Optional cross-check: must equal num_nodes * gpus_per_node."""
     name: str = "cluster"
@@ -221,7 +225,7 @@ class ClusterConfig:
     def validate(self) -> None:
         _integral(self, "num_nodes", "gpus_per_node", "world_size")
         _positive(self, "num_nodes", "gpus_per_node", "gpu_memory", "peak_flops", "intra_node_bandwidth",
-                  "inter_node_bandwidth", "world_size")
+                  "inter_node_bandwidth", "world_size", "hbm_bandwidth", "fp8_peak_flops")
         if self.world_size is not None and self.world_size != self.world:
             raise ValueError(f"ClusterConfig.world_size {self.world_size} is not num_nodes x gpus_per_node = "
                              f"{self.num_nodes} x {self.gpus_per_node} = {self.world}; fix one of them")
@@ -286,20 +290,38 @@ class PlannerOptions:
     TPxCPxDPxPP and experts ETPxEPxEDPxPP, each = W."""
     tp_in_node: bool = True
     """TP groups must stay inside a node (TP divides G)."""
-    ep_in_node: bool = True
-    """EP x ETP groups must stay inside a node (all-to-all over NVLink)."""
+    ep_in_node: bool = False
+    """EP x ETP groups must stay inside a node. Off by default: published MoE runs use EP 32-64 across nodes, and
+    the all-to-all of a group that spans nodes is priced at the inter-node bandwidth for its cross-node share."""
     allow_uneven_pp: bool = False
-    """Accept L % PP != 0 (stages get ceil(L/PP) layers; the layout is flagged 'uneven')."""
+    """Accept L % PP != 0: the middle stages get ceil(L/PP) layers and the first and last stages share the rest
+    (Megatron's --decoder-first/last-pipeline-num-layers, as Llama 3 405B did); the layout is flagged 'uneven'. A
+    split that would leave a stage without layers is rejected."""
     max_vpp: int = 1
     """Largest virtual-pipeline (interleaving) degree to enumerate; 1 = none."""
     cp_sizes: Optional[Tuple[int, ...]] = None
     """Restrict CP to these degrees (e.g. (1,) for a search without CP); None = every divisor of W."""
-    memory_headroom: float = 0.8
-    """Usable fraction of GPU memory (Fujii et al.: estimates under 80% never OOMed in 454 runs)."""
+    memory_headroom: float = 0.9
+    """Usable fraction of GPU memory. 0.9 leaves 8 GB of an 80 GB GPU for the CUDA context, NCCL's internal
+    buffers and allocator fragmentation, which is where published Megatron runs sit (their estimated peak is
+    within ~90% of the card); Fujii et al.'s stricter 0.8 (no OOM in 454 runs) is a safer choice for new models."""
     nccl_buffer_bytes: float = 0.5e9
     """Communicator buffer bytes per process group of size > 1 (~0.5 GB per communicator, Fujii et al.)."""
-    mfu: float = 0.45
-    """Achieved fraction of peak_flops on the model's FLOPs (6N + attention, recompute on top)."""
+    mfu: Optional[float] = None
+    """None (default): compute time from the efficiency model (GEMM efficiency by per-GPU matrix size, attention by
+    length, grouped GEMM by tokens per expert, memory-bound work by bytes; see :mod:`dynacp.planner.efficiency`).
+    A number in (0, 1] instead prices all FLOPs at this fraction of peak (the planner's earlier constant model)."""
+    efficiency: Optional[Dict[str, float]] = None
+    """Overrides of :class:`dynacp.planner.efficiency.Efficiency` fields, e.g. ``{"gemm_max": 0.75}``."""
+    fp8: bool = False
+    """FP8 GEMMs (Transformer Engine): GEMM time / Efficiency.fp8_gemm_speedup, plus 1 B/param for the FP8 weight
+    copy; attention and the memory-bound work stay in bf16."""
+    dp_overlap: bool = True
+    """Overlap the DP gradient reduce-scatter with the last micro-batch's backward and the parameter all-gather
+    with the first forward (Megatron's --overlap-grad-reduce / --overlap-param-gather); False = fully exposed."""
+    tp_comm_overlap: bool = True
+    """TP communication overlapped with the GEMMs (Transformer Engine userbuffers, --tp-comm-overlap): only
+    Efficiency.tp_exposed of it is counted; False = fully exposed."""
     moe_imbalance: float = 1.0
     """Load on the busiest expert rank / mean (1 = uniform routing); scales routed-expert compute, memory, a2a."""
     tie_tolerance: float = 0.01
@@ -332,8 +354,13 @@ class PlannerOptions:
         _positive(self, "max_vpp", "ce_chunk_tokens", "mfu", "moe_imbalance", "sample_batches")
         if not 0 < self.memory_headroom <= 1:
             raise ValueError(f"PlannerOptions.memory_headroom must be in (0, 1], got {self.memory_headroom}")
-        if self.mfu > 1:
+        if self.mfu is not None and self.mfu > 1:
             raise ValueError(f"PlannerOptions.mfu must be in (0, 1], got {self.mfu}")
+        if self.efficiency is not None:
+            from dynacp.planner.efficiency import Efficiency
+
+            self.efficiency = dict(self.efficiency)
+            Efficiency.from_overrides(self.efficiency)
         for n in ("nccl_buffer_bytes", "tie_tolerance", "group_overhead"):
             if getattr(self, n) < 0:
                 raise ValueError(f"PlannerOptions.{n} must be >= 0, got {getattr(self, n)}")

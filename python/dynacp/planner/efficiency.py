@@ -1,0 +1,94 @@
+"""How fast the kernels of one micro-batch run on one GPU: the efficiency model behind the planner's compute time.
+
+A constant utilisation cannot be right for every layout: TP and CP shrink the per-GPU matrices and sequences, MoE
+experts see few tokens each, and normalisation, activation and permutation kernels are bound by memory bandwidth,
+not FLOPs. The planner therefore prices four kinds of work separately (all fractions are of the bf16 peak):
+
+* **Dense GEMMs** run at ``gemm_max * I / (I + gemm_half_intensity)``, where I = 1 / (1/M + 1/N + 1/K) is the
+  arithmetic-intensity proxy of the per-GPU matrix shape (M tokens, N the TP-sharded output width, K the input
+  width); big matrices approach ``gemm_max``, TP/CP-shrunk ones fall off.
+* **Grouped expert GEMMs** run at the dense GEMM efficiency of their shape times
+  ``tpe / (tpe + grouped_half_tokens)``, tpe being the tokens each local expert receives per micro-batch.
+* **Attention** (flash, causal) runs at ``attn_max * s / (s + attn_half_length)`` for a per-rank query length s
+  (s / CP with context parallelism). Fitted to ``h100_compute-attn-megatron.csv`` (H100, 64 q / 4 kv heads, d 128,
+  Megatron's 6 h_q s^2 FLOP count): 0.18 at 512 tokens, 0.25 at 1K, 0.30 at 4K, 0.36 at 16K-32K of 989 TFLOP/s.
+* **Memory-bound work** moves ``elementwise_passes`` x the stored activation bytes of each layer (Korthikanti's
+  per-token bytes, the same terms as the memory model) through HBM at ``ClusterConfig.hbm_bandwidth``.
+
+FP8 divides the GEMM time by ``fp8_gemm_speedup``. Communication that overlaps with compute is counted only by its
+exposed share: ``tp_exposed`` (TP with comm overlap), ``a2a_exposed`` (EP all-to-all).
+
+Calibration (the constants below): ``attn_*`` from the H100 profile above; ``gemm_max`` from cuBLAS bf16 GEMM
+throughput on H100 (about 750-800 of 989 TFLOP/s for large shapes); the rest (``gemm_half_intensity``,
+``grouped_half_tokens``, ``elementwise_passes``, ``tp_exposed``, ``a2a_exposed``, ``fp8_gemm_speedup``) fitted by
+hand to the published runs of docs/planner.md's validation table, which is therefore not an independent test of
+those constants (see the Limits there). Every field can be overridden with ``PlannerOptions.efficiency``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Kernel efficiencies (fractions of the bf16 peak) and overlap shares; see the module docstring."""
+
+    gemm_max: float = 0.78
+    """Fraction of peak reached by large bf16 GEMMs."""
+    gemm_half_intensity: float = 96.0
+    """I (elements) at which a GEMM reaches half of gemm_max."""
+    grouped_half_tokens: float = 384.0
+    """Tokens per local expert per micro-batch at which grouped-GEMM efficiency halves."""
+    attn_max: float = 0.37
+    """Fraction of peak reached by causal flash attention (fwd + bwd) at long lengths."""
+    attn_half_length: float = 500.0
+    """Per-rank query length (tokens) at which attention efficiency halves."""
+    elementwise_passes: float = 3.0
+    """HBM bytes moved by the memory-bound kernels per stored activation byte (fwd write + bwd read + recompute)."""
+    fp8_gemm_speedup: float = 1.45
+    """GEMM time ratio bf16 / FP8 (Transformer Engine, with its casts and amax bookkeeping)."""
+    tp_exposed: float = 0.35
+    """Share of TP communication not hidden when PlannerOptions.tp_comm_overlap is on."""
+    a2a_exposed: float = 0.6
+    """Share of the EP all-to-all not hidden behind expert compute."""
+
+    @classmethod
+    def from_overrides(cls, overrides: Optional[Dict[str, float]]) -> Efficiency:
+        """Defaults with ``overrides`` applied; unknown names and non-positive values raise ValueError."""
+        if not overrides:
+            return cls()
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ValueError(f"PlannerOptions.efficiency: unknown field(s) {', '.join(unknown)}; known: "
+                             f"{', '.join(sorted(names))}")
+        for k, v in overrides.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"PlannerOptions.efficiency.{k} must be a positive number, got {v!r}")
+        for k in ("gemm_max", "attn_max", "tp_exposed", "a2a_exposed"):
+            if overrides.get(k, 0) > 1:
+                raise ValueError(f"PlannerOptions.efficiency.{k} must be in (0, 1], got {overrides[k]}")
+        return dataclasses.replace(cls(), **{k: float(v) for k, v in overrides.items()})
+
+    def gemm(self, m: float, n: float, k: float) -> float:
+        """Efficiency of an (m x k) @ (k x n) GEMM."""
+        if min(m, n, k) <= 0:
+            return self.gemm_max
+        intensity = 1.0 / (1.0 / m + 1.0 / n + 1.0 / k)
+        return self.gemm_max * intensity / (intensity + self.gemm_half_intensity)
+
+    def grouped(self, tokens_per_expert: float, n: float, k: float) -> float:
+        """Efficiency of a grouped expert GEMM whose experts each receive ``tokens_per_expert`` tokens."""
+        tpe = max(tokens_per_expert, 1e-9)
+        return self.gemm(tpe, n, k) * tpe / (tpe + self.grouped_half_tokens)
+
+    def attention(self, length: float) -> float:
+        """Efficiency of causal flash attention with per-rank query length ``length``."""
+        s = max(length, 1.0)
+        return self.attn_max * s / (s + self.attn_half_length)
+
+
+__all__ = ["Efficiency"]
