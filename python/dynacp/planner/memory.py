@@ -188,19 +188,24 @@ class MemoryBreakdown:
 
 
 def _layer_bytes_per_token(model: ModelConfig, opts: PlannerOptions, seq: int) -> Dict[str, float]:
-    """Activation bytes per token of one layer of each kind, before dividing by TP."""
+    """Activation bytes per token of one layer of each kind, before dividing by TP. With FP8 the inputs of the
+    QKV, fc1 and fc2 GEMMs are saved as 1-byte FP8 casts (Transformer Engine), saving h, h and f bytes."""
     h, drop = model.hidden_size, 1.0 if model.dropout else 0.0
+    f8 = 1.0 if opts.fp8 else 0.0
     fc1 = 4 if model.gated_mlp else 2  # bytes per f-wide element of the fc1 output (2f wide when gated)
-    attn_lin = 4 * h + 4 * model.q_size + 4 * model.kv_size + drop * h
+    attn_lin = 4 * h + 4 * model.q_size + 4 * model.kv_size + drop * h - f8 * h
     scores = 0.0
     if not opts.flash_attention and opts.recompute == "none":
         scores = (4 + drop) * model.num_attention_heads * seq
-    dense = 4 * h + (fc1 + 2) * model.ffn_hidden_size + drop * h
+    dense = 4 * h + (fc1 + 2) * model.ffn_hidden_size + drop * h - f8 * (h + model.ffn_hidden_size)
     moe = 0.0
     if model.moe_layers:
-        routed = model.top_k * (4 * h + (fc1 + 2) * model.expert_ffn_hidden_size) * opts.moe_imbalance
-        shared = model.num_shared_experts * (fc1 + 2) * model.shared_ffn
+        f_e = model.expert_ffn_hidden_size
+        routed = model.top_k * (4 * h + (fc1 + 2) * f_e - f8 * (h + f_e)) * opts.moe_imbalance
+        shared = model.num_shared_experts * (fc1 + 2 - f8) * model.shared_ffn
         moe = 4 * h + 4 * model.num_experts + routed + shared + drop * h
+    if opts.recompute_mlp:  # only the block's input survives the forward
+        dense, moe = 2.0 * h, (2.0 * h if model.moe_layers else 0.0)
     return {"attn": attn_lin + scores, "linear_attn": attn_lin, "dense_mlp": dense, "moe_mlp": moe}
 
 

@@ -277,6 +277,9 @@ class PlannerOptions:
     """Main-gradient dtype: 'fp32' (Megatron default with bf16 params: 6 + 12/d bytes/param) or 'bf16' (4 + 12/d)."""
     recompute: str = "selective"
     """Activation recompute: 'none', 'selective' (core attention) or 'full' (keep only each layer's input)."""
+    recompute_mlp: bool = False
+    """Also recompute the MLP / MoE block (Megatron's --recompute-modules mlp): it keeps only its 2h-byte input per
+    token and re-runs its forward (GEMMs and all-to-alls) in the backward pass."""
     flash_attention: bool = True
     """Fused attention: no a*s^2 score tensor is stored, so 'none' and 'selective' keep the same memory."""
     chunked_ce: bool = False
@@ -293,6 +296,9 @@ class PlannerOptions:
     ep_in_node: bool = False
     """EP x ETP groups must stay inside a node. Off by default: published MoE runs use EP 32-64 across nodes, and
     the all-to-all of a group that spans nodes is priced at the inter-node bandwidth for its cross-node share."""
+    ep_dedup_nodes: bool = True
+    """Hierarchical EP dispatch (DeepEP, Megatron's HybridEP): a token crosses the network once per remote node it
+    is routed to, not once per expert; False prices every cross-node copy on the NIC."""
     allow_uneven_pp: bool = False
     """Accept L % PP != 0: the middle stages get ceil(L/PP) layers and the first and last stages share the rest
     (Megatron's --decoder-first/last-pipeline-num-layers, as Llama 3 405B did); the layout is flagged 'uneven'. A
@@ -301,10 +307,11 @@ class PlannerOptions:
     """Largest virtual-pipeline (interleaving) degree to enumerate; 1 = none."""
     cp_sizes: Optional[Tuple[int, ...]] = None
     """Restrict CP to these degrees (e.g. (1,) for a search without CP); None = every divisor of W."""
-    memory_headroom: float = 0.9
-    """Usable fraction of GPU memory. 0.9 leaves 8 GB of an 80 GB GPU for the CUDA context, NCCL's internal
-    buffers and allocator fragmentation, which is where published Megatron runs sit (their estimated peak is
-    within ~90% of the card); Fujii et al.'s stricter 0.8 (no OOM in 454 runs) is a safer choice for new models."""
+    memory_headroom: float = 0.92
+    """Usable fraction of GPU memory. 0.92 leaves 6.4 GB of an 80 GB GPU for the CUDA context, library
+    workspaces and allocator fragmentation beyond ``nccl_buffer_bytes``; it is the smallest round value at which
+    the published layouts of docs/planner.md's validation table fit under this memory model (Llama 3 405B's
+    PP16 stage needs 72.6 GB). Fujii et al.'s stricter 0.8 (no OOM in 454 runs) is the safe choice for a new model."""
     nccl_buffer_bytes: float = 0.5e9
     """Communicator buffer bytes per process group of size > 1 (~0.5 GB per communicator, Fujii et al.)."""
     mfu: Optional[float] = None

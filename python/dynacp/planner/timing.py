@@ -92,6 +92,20 @@ def alltoall_seconds(cluster: ClusterConfig, size: int, nbytes: float) -> float:
     return max(nbytes * local / cluster.intra_node_bandwidth, nbytes * (1 - local) / cluster.inter_node_bandwidth)
 
 
+def moe_dispatch_seconds(cluster: ClusterConfig, size: int, top_k: int, nbytes: float, dedup: bool) -> float:
+    """Seconds of EP dispatch/combine traffic of ``nbytes`` per GPU (k copies of each token) in a group of ``size``
+    consecutive ranks. With ``dedup`` (hierarchical dispatch as in DeepEP / Megatron's HybridEP) a token crosses
+    the network once per remote node it is routed to, k experts drawn uniformly reaching (N-1)(1 - (1 - 1/N)^k) of
+    the other N-1 nodes, and fans out over NVLink there; without it every copy to another node uses the NIC."""
+    g = cluster.gpus_per_node
+    if size <= g or not dedup or top_k <= 0:
+        return alltoall_seconds(cluster, size, nbytes)
+    nodes = -(-size // g)
+    remote_nodes = (nodes - 1) * (1 - (1 - 1 / nodes) ** top_k)
+    inter = nbytes / top_k * remote_nodes
+    return max(nbytes / cluster.intra_node_bandwidth, inter / cluster.inter_node_bandwidth)
+
+
 @dataclass
 class TimeBreakdown:
     """Seconds per optimizer step on the slowest GPU, and the volumes behind them."""
@@ -155,6 +169,12 @@ def _gemm_seconds(
     speed = cluster.peak_flops * (eff.fp8_gemm_speedup if opts.fp8 else 1.0)
     dense_params = (pc.layers_tp + pc.layers_replicated) * layers / L + (model.vocab_size * h if last else 0.0)
     dense_flops = 6.0 * dense_params * tokens * lin_r / t
+    mlp_r = 4 / 3 if opts.recompute_mlp and opts.recompute != "full" else 1.0
+    if mlp_r > 1:  # the MLP share of the dense GEMMs runs its forward twice
+        mult = 3 if model.gated_mlp else 2
+        mlp = ((L - model.moe_layers) * mult * h * model.ffn_hidden_size
+               + model.moe_layers * model.num_shared_experts * mult * h * model.shared_ffn) * layers / L
+        dense_flops += 6.0 * min(mlp, dense_params) * tokens / t * (mlp_r - 1)
     fc1 = (2 if model.gated_mlp else 1) * max(model.ffn_hidden_size, model.expert_ffn_hidden_size or 1)
     if opts.mfu is not None:
         dense_s = dense_flops / (cluster.peak_flops * opts.mfu)
@@ -164,7 +184,7 @@ def _gemm_seconds(
         return dense_s, 0.0
     e, te = layout.ep, layout.etp
     active = pc.experts * model.top_k / model.num_experts * layers / L
-    exp_flops = 6.0 * active * tokens * lin_r * opts.moe_imbalance / t
+    exp_flops = 6.0 * active * tokens * lin_r * mlp_r * opts.moe_imbalance / t
     if opts.mfu is not None:
         return dense_s, exp_flops / (cluster.peak_flops * opts.mfu)
     # tokens each local expert receives per micro-batch: the EP group's tokens (T/t per rank, gathered over ETP)
@@ -213,8 +233,9 @@ def _comm_seconds(
     ep_vol = 0.0
     if model.is_moe and e > 1:
         moe_layers = model.moe_layers * layers / L
-        ep_vol = (6 if full else 4) * moe_layers * (T / t) * model.top_k * h * 2 * (e - 1) / e * opts.moe_imbalance
-        out["ep"] = alltoall_seconds(cluster, layout.etp * e, ep_vol) * eff.a2a_exposed
+        ep_vol = (6 if full or opts.recompute_mlp else 4) * moe_layers * (T / t) * model.top_k * h * 2 * (e - 1) / e * opts.moe_imbalance
+        a2a = moe_dispatch_seconds(cluster, layout.etp * e, model.top_k, ep_vol, opts.ep_dedup_nodes)
+        out["ep"] = a2a * eff.a2a_exposed
     if c > 1:
         attn_layers = model.attention_layers * layers / L
         kv = 2 * max(1.0, model.kv_heads / t) * model.dh * 2
@@ -239,11 +260,24 @@ def _stage_microbatch(
         attn, membound = _other_seconds(model, cluster, batch, layout, opts, layers, sum_sq_mb)
         parts = {"gemm": gemm, "grouped_gemm": grouped, "attention": attn, "memory_bound": membound}
         parts.update(_comm_seconds(model, cluster, batch, layout, opts, layers, attn))
-        parts["total"] = sum(parts[k] for k in ("gemm", "grouped_gemm", "attention", "memory_bound", "tp", "cp",
-                                                 "ep", "pp"))
+        busy = sum(parts[k] for k in ("gemm", "grouped_gemm", "attention", "memory_bound", "tp", "cp", "ep"))
+        parts["host_bound"] = _host_floor(model, opts, layers, busy)
+        parts["total"] = busy + parts["pp"] + parts["host_bound"]
         if not worst or parts["total"] > worst["total"]:
             worst = parts
     return worst
+
+
+def _host_floor(model: ModelConfig, opts: PlannerOptions, layers: int, busy: float) -> float:
+    """Seconds the GPU idles on a stage because a MoE layer cannot take less than Efficiency.moe_layer_floor per
+    micro-batch: a dropless MoE layer waits for the tokens-per-expert counts on the host before it can launch its
+    expert kernels, so small experts are bound by the host, not by the GPU."""
+    if opts.mfu is not None or not model.moe_layers or layers <= 0:
+        return 0.0
+    floor = _efficiency(opts).moe_layer_floor
+    moe_layers = model.moe_layers * layers / model.num_layers
+    per_layer = busy / layers
+    return moe_layers * max(0.0, floor - per_layer)
 
 
 def _dp_seconds(cluster: ClusterConfig, layout: Layout, opts: PlannerOptions, model: ModelConfig) -> float:
@@ -281,13 +315,14 @@ def step_time(
     bubble = (p - 1) / v * t_mb if p > 1 else 0.0
     dp_total = _dp_seconds(cluster, layout, opts, model)
     if opts.dp_overlap:
-        # reduce-scatter of the grads hides behind the last backward (2/3 of a micro-batch), the all-gather of the
-        # weights behind the first forward (1/3); interleaving adds the cool-down and warm-up idle time
+        # reduce-scatter of the grads hides behind the last backwards (2/3 of a micro-batch each), the all-gather of
+        # the weights behind the first forwards (1/3); interleaving adds the cool-down and warm-up idle time
         share = 0.5 * bubble if v > 1 else 0.0
         gb = 4.0 if opts.grad_dtype == "fp32" else 2.0
         rs = dp_total * gb / (gb + 2.0) if opts.optimizer not in ("zero0",) else dp_total
         ag = dp_total - rs
-        dp = max(0.0, rs - 2 / 3 * t_mb - share) + max(0.0, ag - t_mb / 3 - share)
+        window = min(m, _efficiency(opts).dp_overlap_microbatches) * t_mb
+        dp = max(0.0, rs - 2 / 3 * window - share) + max(0.0, ag - window / 3 - share)
     else:
         dp = dp_total
     step = m * t_mb + bubble + dp
