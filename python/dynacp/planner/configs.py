@@ -180,8 +180,13 @@ def model_warnings(model: ModelConfig) -> List[str]:
     return out
 
 
+def _model_parallel(row: Row) -> int:
+    return row.layout.tp * row.layout.pp * row.layout.cp
+
+
 def _rank(rows: List[Row], tol: float) -> List[Row]:
-    """Sort by step time; rows within ``tol`` of the fastest row of their run are ties, ordered by headroom."""
+    """Sort by step time; rows within ``tol`` of the fastest row of their run are ties, ordered by the least model
+    parallelism TP x PP x CP (the simpler layout, as practitioners choose), then by the most memory headroom."""
     rows = sorted(rows, key=lambda r: (r.step, -r.headroom))
     out: List[Row] = []
     i = 0
@@ -189,7 +194,7 @@ def _rank(rows: List[Row], tol: float) -> List[Row]:
         j = i
         while j < len(rows) and rows[j].step <= rows[i].step * (1 + tol):
             j += 1
-        out += sorted(rows[i:j], key=lambda r: (-r.headroom, r.step))
+        out += sorted(rows[i:j], key=lambda r: (_model_parallel(r), -r.headroom, r.step))
         i = j
     return out
 
