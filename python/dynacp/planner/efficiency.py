@@ -38,7 +38,7 @@ class Efficiency:
 
     gemm_max: float = 0.72
     """Fraction of peak reached by large bf16 GEMMs."""
-    gemm_half_intensity: float = 96.0
+    gemm_half_intensity: float = 300.0
     """I (elements) at which a GEMM reaches half of gemm_max."""
     grouped_half_tokens: float = 384.0
     """Tokens per local expert per micro-batch at which grouped-GEMM efficiency halves."""
