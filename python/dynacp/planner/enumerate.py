@@ -63,8 +63,9 @@ def check(
         elif min(split) < 1:
             bad(f"PP stage without layers: {L} layers over {p} stages give the middle stages {split[1]} each and "
                 f"leave the first / last stage {split[0]} / {split[-1]}")
-        elif min(split) < v:
-            bad(f"layers per stage < VPP: the smallest stage has {min(split)} layers, fewer than VPP {v} chunks")
+        elif min(split) + 1 < v:  # the embedding (first) and the loss (last) fill one chunk each
+            bad(f"layers per stage < VPP: the smallest stage has {min(split)} layers plus its embedding or loss "
+                f"chunk, fewer than VPP {v} chunks")
         else:
             out.flags.append(f"uneven PP: {L} layers as {split[0]} + {split[1]} x {p - 2} + {split[-1]}"
                              if p > 2 else f"uneven PP: {L} layers as {split[0]} + {split[-1]}")

@@ -84,7 +84,9 @@ def param_counts(model: ModelConfig) -> ParamCounts:
 def stage_split(num_layers: int, pp: int) -> List[int]:
     """Transformer layers of each pipeline stage. Even when PP divides L; otherwise the middle stages get ceil(L/PP)
     and the first and last stages share the rest, the first taking the larger half (Megatron's
-    --decoder-first/last-pipeline-num-layers; Llama 3 405B: 126 layers over 16 stages = 7, 8 x 14, 7). A stage
+    --decoder-first/last-pipeline-num-layers, or --account-for-embedding/loss-in-pipeline-split when L + 2 splits
+    evenly; Llama 3 405B: 126 layers over 16 stages = 7, 8 x 14, 7, the embedding and the loss filling the gaps). A
+    stage
     may come out with zero layers (e.g. PP 128 for 126 layers): :func:`dynacp.planner.enumerate.check` rejects it."""
     if pp <= 1:
         return [num_layers]
@@ -219,13 +221,14 @@ def layer_bytes_per_token(model: ModelConfig, opts: PlannerOptions, seq: int) ->
 
 
 def in_flight(layout: Layout, m: int, stage: int = 0) -> float:
-    """Micro-batches whose activations pipeline stage ``stage`` (0-based) holds: 1F1B min(p - i, m); interleaved
-    (p - i) + (p - 1) / v, which for the first stage is Megatron's p (1 + (p-1)/(p v))."""
+    """Micro-batches (in whole-stage units) whose activations pipeline stage ``stage`` = i (0-based) holds:
+    1F1B min(p - i, m); interleaved p + (p - 2i - 1) / v, i.e. Megatron's 2 (p - i - 1) + (v - 1) p warm-up chunks
+    plus one, of L / (p v) layers each, which for the first stage is Megatron's p (1 + (p-1)/(p v))."""
     p, v = layout.pp, layout.vpp
     if p <= 1:
         return 1.0
     if v > 1:
-        return (p - stage) + (p - 1) / v
+        return p + (p - 2 * stage - 1) / v
     return float(min(p - stage, m))
 
 

@@ -7,8 +7,8 @@ docs/planner.md; ``tests/python/test_planner_validation.py`` asserts its accepta
 
 **Rank** counts distinct parallel layouts (TP, PP, CP, EP, ETP, DP): the VPP variants of one layout are one
 candidate, represented by its best-ranked variant, so that ten interleaving degrees of the same split do not crowd
-the list. The published layout's own VPP is used for its predicted throughput when the source gives it; otherwise
-(Llama 3's Table 4) the planner's best VPP for that layout.
+the list. The published layout's own VPP is used for its verdict and predicted throughput (for Llama 3's Table 4, V = 8 as
+the paper's text implies).
 """
 
 from __future__ import annotations
@@ -61,13 +61,15 @@ class PublishedRun:
 
 
 def _llama3_tokens(tflops: float, seq: int) -> Tuple[float, str]:
-    """tokens/s/GPU from Table 4's TFLOPs/GPU, with the planner's Megatron FLOP count for Llama 3 405B."""
+    """tokens/s/GPU from Table 4's TFLOPs/GPU, with the planner's (Megatron's) FLOP count for Llama 3 405B."""
     from dynacp.planner.presets import model_preset
-    from dynacp.planner.timing import model_flops
+    from dynacp.planner.timing import linear_flops_per_token, model_flops
 
-    per_token = model_flops(model_preset("llama3.1-405b"), 1.0, float(seq))  # 6N + 6 h_q L s per token
+    model = model_preset("llama3.1-405b")
+    per_token = model_flops(model, 1.0, float(seq))  # 6 N + 6 h_q L s per token
+    n = sum(linear_flops_per_token(model)) / 6
     return tflops * 1e12 / per_token, (f"{tflops:.0f} TFLOPs/GPU / {per_token / 1e12:.3f} TFLOP per token "
-                                       f"(6 x 405.9B + 6 h_q L s at s = {seq})")
+                                       f"(6 x {n / 1e9:.1f}B GEMM parameters + 6 h_q L s at s = {seq:,})")
 
 
 def _nemo(*args: Any, options: Optional[Dict[str, Any]] = None) -> PublishedRun:
@@ -79,7 +81,9 @@ def _nemo(*args: Any, options: Optional[Dict[str, Any]] = None) -> PublishedRun:
 def published_runs() -> List[PublishedRun]:
     """The validation table's rows (H100, 8 to 16,384 GPUs, dense and MoE)."""
     r = PublishedRun
-    fsdp = {"optimizer": "zero2"}  # Table 4's DP is FSDP without resharding after forward (paper, Sec. 3.3.2)
+    # Table 4's DP is FSDP without resharding after forward (paper, Sec. 3.3.2). V = 8: "the first model chunk on
+    # the first stage has only the embedding" makes a chunk one layer, (126 + 2) / 16 = 8 chunks per rank.
+    fsdp = {"optimizer": "zero2"}
     t8k, d8k = _llama3_tokens(430, 8192)
     t16k, d16k = _llama3_tokens(400, 8192)
     t128k, d128k = _llama3_tokens(380, 131072)
@@ -97,11 +101,11 @@ def published_runs() -> List[PublishedRun]:
           BRIDGE + ", container 25.09, FP8 (per-tensor current scaling)"),
         _nemo("Llama3.1-405B x1024", "llama3.1-405b", 1024, 512, 1, 8192, 8, 8, 2, 8, 1, True, 302,
           BRIDGE + ", container 25.09, FP8 (per-tensor current scaling)", options={"allow_uneven_pp": True}),
-        r("Llama3-405B x8192", "llama3.1-405b", 8192, 2048, 1, 8192, 8, 16, 1, None, 1, False, t8k, LLAMA3,
+        r("Llama3-405B x8192", "llama3.1-405b", 8192, 2048, 1, 8192, 8, 16, 1, 8, 1, False, t8k, LLAMA3,
           d8k, {**fsdp, "allow_uneven_pp": True}),
-        r("Llama3-405B x16384", "llama3.1-405b", 16384, 2048, 1, 8192, 8, 16, 1, None, 1, False, t16k, LLAMA3,
+        r("Llama3-405B x16384", "llama3.1-405b", 16384, 2048, 1, 8192, 8, 16, 1, 8, 1, False, t16k, LLAMA3,
           d16k, {**fsdp, "allow_uneven_pp": True}),
-        r("Llama3-405B 128K", "llama3.1-405b", 16384, 128, 1, 131072, 8, 16, 16, None, 1, False, t128k, LLAMA3,
+        r("Llama3-405B 128K", "llama3.1-405b", 16384, 128, 1, 131072, 8, 16, 16, 8, 1, False, t128k, LLAMA3,
           d128k, {**fsdp, "allow_uneven_pp": True}),
         _nemo("Qwen3-30B-A3B", "qwen3-30b-a3b", 16, 1024, 1, 4096, 1, 2, 1, 12, 8, True, 5113,
               BRIDGE + ", container 26.02, model Qwen3_30B_a3B, FP8", options={"etp": "1"}),
@@ -135,7 +139,7 @@ class Verdict:
     rank: Optional[int]
     """1-based rank among distinct layouts (VPP variants merged), None when infeasible."""
     predicted: float
-    """Predicted tokens/s/GPU of the published layout (0 when infeasible)."""
+    """Predicted tokens/s/GPU of the published layout (also when only memory rejects it; 0 when a rule does)."""
     best: str
     """The planner's first choice."""
     feasible_count: int
@@ -146,6 +150,23 @@ class Verdict:
     def ratio(self) -> float:
         """predicted / published."""
         return self.predicted / self.run.tokens_per_gpu_s
+
+    @property
+    def passes(self) -> bool:
+        """Feasible, ranked in the top 5 distinct layouts, and predicted within +-25 % of the published figure."""
+        return self.feasible and self.rank is not None and self.rank <= 5 and 0.75 <= self.ratio <= 1.25
+
+    @property
+    def shortfall(self) -> str:
+        """Which acceptance properties fail ('' when it passes)."""
+        out = []
+        if not self.feasible:
+            out.append("rejected")
+        if self.rank is None or self.rank > 5:
+            out.append(f"rank {self.rank}")
+        if not 0.75 <= self.ratio <= 1.25:
+            out.append(f"predicted/published {self.ratio:.2f}")
+        return ", ".join(out)
 
 
 def _family(row: Row) -> Tuple[int, ...]:
@@ -180,7 +201,10 @@ def validate_run(run: PublishedRun, **overrides: Any) -> Verdict:
     best_name = table.best.layout.label(table.model.is_moe) if table.best else "-"
     if not ok:
         reason = mine[0].reason if mine else "not enumerated"
-        return Verdict(run, False, reason, None, 0.0, best_name, family_rank(table, ())[1])
+        timed = [r for r in mine if r.time is not None]  # rejected by memory only: its time is still priced
+        predicted = timed[0].time.tokens_per_second if timed else 0.0
+        return Verdict(run, False, reason, None, predicted, best_name, family_rank(table, ())[1],
+                       timed[0] if timed else None)
     row = ok[0]  # rows are ranked: the best VPP variant when the source gives none
     rank, count = family_rank(table, _family(row))
     assert row.time is not None
