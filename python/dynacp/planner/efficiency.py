@@ -11,14 +11,15 @@ not FLOPs. The planner therefore prices four kinds of work separately (all fract
   ``tpe / (tpe + grouped_half_tokens)``, tpe being the tokens each local expert receives per micro-batch.
 * **Attention** (flash, causal) runs at ``attn_max * s / (s + attn_half_length)`` for a per-rank query length s
   (s / CP with context parallelism). Fitted to ``h100_compute-attn-megatron.csv`` (H100, 64 q / 4 kv heads, d 128,
-  Megatron's 6 h_q s^2 FLOP count): 0.18 at 512 tokens, 0.25 at 1K, 0.30 at 4K, 0.36 at 16K-32K of 989 TFLOP/s.
+  Megatron's 6 h_q s^2 FLOP count): 177, 243, 293, 326, 352 TFLOP/s of 989 at 512, 1K, 4K, 8K and 16K-32K
+  tokens; the fit gives 171, 232, 314, 334, 344-350.
 * **Memory-bound work** moves ``elementwise_passes`` x the stored activation bytes of each layer (Korthikanti's
   per-token bytes, the same terms as the memory model) through HBM at ``ClusterConfig.hbm_bandwidth``.
 
 FP8 divides the GEMM time by ``fp8_gemm_speedup``. Communication that overlaps with compute is counted only by its
 exposed share: ``tp_exposed`` (TP with comm overlap), ``a2a_exposed`` (EP all-to-all).
 
-Calibration (the constants below): ``attn_*`` from the H100 profile above; ``gemm_max`` from cuBLAS bf16 GEMM
+Calibration (the constants below): ``attn_*`` from the H100 profile above (/work/shared/data/profiles, from hao-ai-lab/distca); ``gemm_max`` from cuBLAS bf16 GEMM
 throughput on H100 (about 750-800 of 989 TFLOP/s for large shapes); the rest (``gemm_half_intensity``,
 ``grouped_half_tokens``, ``elementwise_passes``, ``tp_exposed``, ``a2a_exposed``, ``fp8_gemm_speedup``) fitted by
 hand to the published runs of docs/planner.md's validation table, which is therefore not an independent test of
@@ -42,9 +43,9 @@ class Efficiency:
     """I (elements) at which a GEMM reaches half of gemm_max."""
     grouped_half_tokens: float = 384.0
     """Tokens per local expert per micro-batch at which grouped-GEMM efficiency halves."""
-    attn_max: float = 0.37
+    attn_max: float = 0.36
     """Fraction of peak reached by causal flash attention (fwd + bwd) at long lengths."""
-    attn_half_length: float = 500.0
+    attn_half_length: float = 550.0
     """Per-rank query length (tokens) at which attention efficiency halves."""
     elementwise_passes: float = 3.0
     """HBM bytes moved by the memory-bound kernels per stored activation byte (fwd write + bwd read + recompute)."""
