@@ -105,6 +105,11 @@ def stage_layers(model: ModelConfig, pp: int) -> int:
     return max(stage_split(model.num_layers, pp))
 
 
+def stage_layer_count(model: ModelConfig, pp: int, index: int) -> int:
+    """Transformer layers on stage ``index``, the last one's MTP blocks included."""
+    return stage_split(model.num_layers, pp)[index] + (model.num_mtp_layers if index == pp - 1 else 0)
+
+
 def _stage_index(pp: int, stage: str) -> int:
     return {"first": 0, "only": 0, "middle": min(1, pp - 1), "last": pp - 1}[stage]
 
@@ -115,7 +120,7 @@ def params_per_gpu(model: ModelConfig, layout: Layout, stage: str = "first") -> 
 
     With PP = 1, ETP = 1 and embeddings inside X this is the seed's X/TP + E/EP."""
     pc = param_counts(model)
-    frac = stage_split(model.num_layers, layout.pp)[_stage_index(layout.pp, stage)] / model.num_layers
+    frac = stage_layer_count(model, layout.pp, _stage_index(layout.pp, stage)) / model.num_layers
     dense = (pc.layers_tp * frac) / layout.tp + pc.layers_replicated * frac
     if layout.pp == 1:
         dense += (pc.embedding + pc.output) / layout.tp
@@ -240,7 +245,7 @@ def _stage_activations(
     s, b, h = batch.seq_length, batch.micro_batch, model.hidden_size
     T = b * s / c
     mean, largest = layer_bytes_per_token(model, opts, s)
-    n_layers = stage_split(model.num_layers, layout.pp)[stage]
+    n_layers = stage_layer_count(model, layout.pp, stage)
     if opts.recompute == "full":
         per_stage = n_layers * 2 * h * T  # each layer's input
         working = largest * T
@@ -265,7 +270,7 @@ def activation_bytes(
 def _logit_bytes(model: ModelConfig, batch: BatchConfig, layout: Layout, opts: PlannerOptions) -> float:
     T = batch.micro_batch * batch.seq_length / layout.cp
     ce_tokens = min(T, opts.ce_chunk_tokens) if opts.chunked_ce else T
-    return (4 * model.hidden_size * T + 4 * model.vocab_size * ce_tokens) / layout.tp
+    return (4 * model.hidden_size * T + 4 * model.vocab_size * ce_tokens) * (1 + model.num_mtp_layers) / layout.tp
 
 
 def process_groups(model: ModelConfig, layout: Layout) -> Dict[str, int]:
@@ -303,7 +308,7 @@ def memory_breakdown(
         acts, embed = _stage_activations(model, batch, layout, opts, m, idx)
         lg = logits if st in ("only", "last") else 0.0
         mb = MemoryBreakdown(weights, grads, od + oe, od, oe, acts, lg, buffers, st, pd, pe, fp8, embed,
-                             in_flight(layout, m, idx), stage_split(model.num_layers, p)[idx])
+                             in_flight(layout, m, idx), stage_layer_count(model, p, idx))
         if best is None or mb.total > best.total:
             best = mb
     assert best is not None

@@ -104,6 +104,9 @@ class ModelConfig:
     """Width of one shared expert; None = expert_ffn_hidden_size."""
     num_moe_layers: Optional[int] = None
     """Layers whose MLP is MoE; None = all layers when num_experts > 0, else 0."""
+    num_mtp_layers: int = 0
+    """Multi-token-prediction blocks [--mtp-num-layers] (DeepSeek-V3: 1). Each is one more transformer layer (MoE
+    when the model is) plus one more output-layer pass, on the last pipeline stage."""
     non_expert_params: Optional[float] = None
     """X: non-expert parameter count (attention, dense MLP, shared experts, embeddings, norms, router), when given
     directly instead of derived from the shapes (e.g. hybrid layers). Treated as TP-sharded."""
@@ -155,9 +158,11 @@ class ModelConfig:
         """Raise ValueError naming the first bad field."""
         _integral(self, "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "ffn_hidden_size",
                   "num_kv_heads", "head_dim", "num_attention_layers", "num_experts", "top_k",
-                  "expert_ffn_hidden_size", "num_shared_experts", "shared_expert_ffn_hidden_size", "num_moe_layers")
+                  "expert_ffn_hidden_size", "num_shared_experts", "shared_expert_ffn_hidden_size", "num_moe_layers",
+                  "num_mtp_layers")
         _positive(self, "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "num_kv_heads", "head_dim")
         for n in ("ffn_hidden_size", "num_experts", "top_k", "expert_ffn_hidden_size", "num_shared_experts",
+                  "num_mtp_layers",
                   "num_attention_layers", "num_moe_layers", "non_expert_params", "expert_params"):
             v = getattr(self, n)
             if v is not None and v < 0:

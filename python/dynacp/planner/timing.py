@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, Optional, Tuple
 
 from dynacp.planner.efficiency import Efficiency
-from dynacp.planner.memory import layer_bytes_per_token, param_counts, params_per_gpu, stage_split
+from dynacp.planner.memory import layer_bytes_per_token, param_counts, params_per_gpu, stage_layer_count, stage_split
 from dynacp.planner.model import BatchConfig, ClusterConfig, Layout, ModelConfig, PlannerOptions
 
 
@@ -167,7 +167,8 @@ def _gemm_seconds(
     lin_r = 4 / 3 if opts.recompute == "full" else 1.0
     pc = param_counts(model)
     speed = cluster.peak_flops * (eff.fp8_gemm_speedup if opts.fp8 else 1.0)
-    dense_params = (pc.layers_tp + pc.layers_replicated) * layers / L + (model.vocab_size * h if last else 0.0)
+    output = model.vocab_size * h * (1 + model.num_mtp_layers) if last else 0.0  # MTP runs the head again
+    dense_params = (pc.layers_tp + pc.layers_replicated) * layers / L + output
     dense_flops = 6.0 * dense_params * tokens * lin_r / t
     mlp_r = 4 / 3 if opts.recompute_mlp and opts.recompute != "full" else 1.0
     if mlp_r > 1:  # the MLP share of the dense GEMMs runs its forward twice
@@ -253,7 +254,8 @@ def _stage_microbatch(
 ) -> Dict[str, float]:
     """The slowest stage's per-micro-batch seconds by part ('total' = their sum)."""
     split = stage_split(model.num_layers, layout.pp)
-    cands = {(split[0], layout.pp == 1), (max(split), False), (split[-1], True)}
+    last_layers = stage_layer_count(model, layout.pp, layout.pp - 1)
+    cands = {(stage_layer_count(model, layout.pp, 0), layout.pp == 1), (max(split), False), (last_layers, True)}
     worst: Dict[str, float] = {}
     for layers, last in sorted(cands):
         gemm, grouped = _gemm_seconds(model, cluster, batch, layout, opts, layers, last)
