@@ -19,11 +19,11 @@ not FLOPs. The planner therefore prices four kinds of work separately (all fract
 FP8 divides the GEMM time by ``fp8_gemm_speedup``. Communication that overlaps with compute is counted only by its
 exposed share: ``tp_exposed`` (TP with comm overlap), ``a2a_exposed`` (EP all-to-all).
 
-Calibration (the constants below): ``attn_*`` from the H100 profile above (/work/shared/data/profiles, from hao-ai-lab/distca); ``gemm_max`` from cuBLAS bf16 GEMM
-throughput on H100 (about 750-800 of 989 TFLOP/s for large shapes); the rest (``gemm_half_intensity``,
-``grouped_half_tokens``, ``elementwise_passes``, ``tp_exposed``, ``a2a_exposed``, ``fp8_gemm_speedup``) fitted by
-hand to the published runs of docs/planner.md's validation table, which is therefore not an independent test of
-those constants (see the Limits there). Every field can be overridden with ``PlannerOptions.efficiency``.
+Calibration: ``attn_*`` were fitted to the H100 attention profile above (/work/shared/data/profiles, from
+hao-ai-lab/distca). ``gemm_max``, ``gemm_half_intensity``, ``dp_overlap_microbatches`` and ``moe_layer_floor`` were
+fitted by hand to the published runs of docs/planner.md's validation table, which is therefore not an independent
+test of them (see the calibration caveat there). The rest were set beforehand and not tuned. Every field can be
+overridden with ``PlannerOptions.efficiency``.
 """
 
 from __future__ import annotations

@@ -234,7 +234,8 @@ def _comm_seconds(
     ep_vol = 0.0
     if model.is_moe and e > 1:
         moe_layers = model.moe_layers * layers / L
-        ep_vol = (6 if full or opts.recompute_mlp else 4) * moe_layers * (T / t) * model.top_k * h * 2 * (e - 1) / e * opts.moe_imbalance
+        passes = 6 if full or opts.recompute_mlp else 4
+        ep_vol = passes * moe_layers * (T / t) * model.top_k * h * 2 * (e - 1) / e * opts.moe_imbalance
         a2a = moe_dispatch_seconds(cluster, layout.etp * e, model.top_k, ep_vol, opts.ep_dedup_nodes)
         out["ep"] = a2a * eff.a2a_exposed
     if c > 1:

@@ -7,8 +7,8 @@ docs/planner.md; ``tests/python/test_planner_validation.py`` asserts its accepta
 
 **Rank** counts distinct parallel layouts (TP, PP, CP, EP, ETP, DP): the VPP variants of one layout are one
 candidate, represented by its best-ranked variant, so that ten interleaving degrees of the same split do not crowd
-the list. The published layout's own VPP is used for its verdict and predicted throughput (for Llama 3's Table 4, V = 8 as
-the paper's text implies).
+the list. The published layout's own VPP is used for its verdict and predicted throughput (for Llama 3's Table 4,
+V = 8 as the paper's text implies).
 """
 
 from __future__ import annotations
