@@ -142,6 +142,24 @@ def test_efficiency_falls_with_smaller_matrices_and_shorter_sequences() -> None:
     assert by_tpe == sorted(by_tpe) and by_tpe[-1] < e.gemm(4096, 1536, 4096)
 
 
+def test_fit_from_a_profile_recovers_the_constants() -> None:
+    from dynacp.planner.efficiency import fit_attention, fit_gemm
+
+    # H100 attention profile (h100_compute-attn-megatron.csv): length, TFLOP/s in Megatron's count
+    prof = [(512, 177e12), (1024, 243e12), (2048, 276e12), (4096, 293e12), (8192, 326e12), (16384, 352e12)]
+    fit = fit_attention(prof, 989e12)
+    assert fit["attn_max"] == pytest.approx(0.36, abs=0.02)
+    assert fit["attn_half_length"] == pytest.approx(550, rel=0.25)
+    # synthetic GEMMs from known constants come back exactly
+    e = Efficiency(gemm_max=0.8, gemm_half_intensity=200)
+    shapes = [(m, n, k) for m, n, k in [(512, 1024, 1024), (2048, 4096, 4096), (8192, 8192, 8192), (1024, 512, 4096)]]
+    g = fit_gemm([(m, n, k, e.gemm(m, n, k) * 989e12) for m, n, k in shapes], 989e12)
+    assert g == pytest.approx({"gemm_max": 0.8, "gemm_half_intensity": 200})
+    assert _opts(efficiency={**fit, **g}).efficiency["gemm_max"] == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="at least two measurements"):
+        fit_attention([(1024, 2e14)], 989e12)
+
+
 def test_efficiency_overrides_and_bad_values() -> None:
     model, cluster, batch = pl.model_preset("llama3-8b"), pl.cluster_preset("h100-64"), pl.BatchConfig(256, 4096)
     lay = pl.Layout(1, 1, 1, 64)

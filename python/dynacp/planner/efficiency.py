@@ -19,6 +19,8 @@ not FLOPs. The planner therefore prices four kinds of work separately (all fract
 FP8 divides the GEMM time by ``fp8_gemm_speedup``. Communication that overlaps with compute is counted only by its
 exposed share: ``tp_exposed`` (TP with comm overlap), ``a2a_exposed`` (EP all-to-all).
 
+``fit_attention`` and ``fit_gemm`` turn measurements (a profile of your own GPUs) into the corresponding overrides.
+
 Calibration: ``attn_*`` were fitted to the H100 attention profile above (/work/shared/data/profiles, from
 hao-ai-lab/distca). ``gemm_max``, ``gemm_half_intensity``, ``dp_overlap_microbatches`` and ``moe_layer_floor`` were
 fitted by hand to the published runs of docs/planner.md's validation table, which is therefore not an independent
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Iterable, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -97,4 +99,35 @@ class Efficiency:
         return self.attn_max * s / (s + self.attn_half_length)
 
 
-__all__ = ["Efficiency"]
+def _fit_saturating(xs: Sequence[float], effs: Sequence[float], what: str) -> Tuple[float, float]:
+    """(top, half) of eff = top x / (x + half), by least squares on 1/eff = 1/top + (half/top) (1/x)."""
+    pts = [(1.0 / x, 1.0 / e) for x, e in zip(xs, effs) if x > 0 and e > 0]
+    if len(pts) < 2 or len({p[0] for p in pts}) < 2:
+        raise ValueError(f"fitting {what} needs at least two measurements at different sizes, got {len(pts)}")
+    n = len(pts)
+    mx, my = sum(p[0] for p in pts) / n, sum(p[1] for p in pts) / n
+    slope = sum((p[0] - mx) * (p[1] - my) for p in pts) / sum((p[0] - mx) ** 2 for p in pts)
+    intercept = my - slope * mx
+    if intercept <= 0 or slope < 0:
+        raise ValueError(f"the {what} measurements do not saturate with size (intercept {intercept:.3g}, slope "
+                         f"{slope:.3g}); check their units")
+    return 1.0 / intercept, slope / intercept
+
+
+def fit_attention(points: Iterable[Tuple[float, float]], peak_flops: float) -> Dict[str, float]:
+    """``{"attn_max", "attn_half_length"}`` from measured causal attention (fwd + bwd): ``points`` are (length in
+    tokens, achieved FLOP/s counted as Megatron does, 6 h_q s^2 per layer); ``peak_flops`` the GPU's bf16 peak."""
+    pts = list(points)
+    top, half = _fit_saturating([p[0] for p in pts], [p[1] / peak_flops for p in pts], "attention")
+    return {"attn_max": top, "attn_half_length": half}
+
+
+def fit_gemm(points: Iterable[Tuple[float, float, float, float]], peak_flops: float) -> Dict[str, float]:
+    """``{"gemm_max", "gemm_half_intensity"}`` from measured GEMMs: ``points`` are (M, N, K, achieved FLOP/s)."""
+    pts = list(points)
+    inten = [1.0 / (1.0 / m + 1.0 / n + 1.0 / k) for m, n, k, _ in pts]
+    top, half = _fit_saturating(inten, [p[3] / peak_flops for p in pts], "GEMM")
+    return {"gemm_max": top, "gemm_half_intensity": half}
+
+
+__all__ = ["Efficiency", "fit_attention", "fit_gemm"]
