@@ -12,7 +12,7 @@ not FLOPs. The planner therefore prices four kinds of work separately (all fract
 * **Attention** (flash, causal) runs at ``attn_max * s / (s + attn_half_length)`` for a per-rank query length s
   (s / CP with context parallelism). Fitted to ``h100_compute-attn-megatron.csv`` (H100, 64 q / 4 kv heads, d 128,
   Megatron's 6 h_q s^2 FLOP count): 177, 243, 293, 326, 352 TFLOP/s of 989 at 512, 1K, 4K, 8K and 16K-32K
-  tokens; the fit gives 171, 232, 314, 334, 344-350.
+  tokens; the least-squares fit (:func:`fit_attention`) gives 177, 234, 309, 327, 336-341.
 * **Memory-bound work** moves ``elementwise_passes`` x the stored activation bytes of each layer (Korthikanti's
   per-token bytes, the same terms as the memory model) through HBM at ``ClusterConfig.hbm_bandwidth``.
 
@@ -45,9 +45,9 @@ class Efficiency:
     """I (elements) at which a GEMM reaches half of gemm_max."""
     grouped_half_tokens: float = 384.0
     """Tokens per local expert per micro-batch at which grouped-GEMM efficiency halves."""
-    attn_max: float = 0.36
+    attn_max: float = 0.35
     """Fraction of peak reached by causal flash attention (fwd + bwd) at long lengths."""
-    attn_half_length: float = 550.0
+    attn_half_length: float = 490.0
     """Per-rank query length (tokens) at which attention efficiency halves."""
     elementwise_passes: float = 3.0
     """HBM bytes moved by the memory-bound kernels per stored activation byte (fwd write + bwd read + recompute)."""
