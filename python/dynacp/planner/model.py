@@ -215,8 +215,6 @@ class ClusterConfig:
     """Bytes/s per GPU for collectives across nodes (one 400 Gb/s NIC per GPU = 50e9)."""
     hbm_bandwidth: float = 3.35e12
     """Bytes/s of GPU memory bandwidth (H100 SXM 3.35e12); prices the memory-bound (elementwise) work."""
-    fp8_peak_flops: Optional[float] = None
-    """Peak dense FP8 FLOP/s per GPU; None = 2 x peak_flops (H100 SXM 1979e12)."""
     world_size: Optional[int] = None
     """Optional cross-check: must equal num_nodes * gpus_per_node."""
     name: str = "cluster"
@@ -230,7 +228,7 @@ class ClusterConfig:
     def validate(self) -> None:
         _integral(self, "num_nodes", "gpus_per_node", "world_size")
         _positive(self, "num_nodes", "gpus_per_node", "gpu_memory", "peak_flops", "intra_node_bandwidth",
-                  "inter_node_bandwidth", "world_size", "hbm_bandwidth", "fp8_peak_flops")
+                  "inter_node_bandwidth", "world_size", "hbm_bandwidth")
         if self.world_size is not None and self.world_size != self.world:
             raise ValueError(f"ClusterConfig.world_size {self.world_size} is not num_nodes x gpus_per_node = "
                              f"{self.num_nodes} x {self.gpus_per_node} = {self.world}; fix one of them")

@@ -6,18 +6,21 @@ what overlaps, and the pipeline bubble.
   expert GEMMs, causal attention and the memory-bound kernels, each at the efficiency of
   :class:`dynacp.planner.efficiency.Efficiency` for this layout's per-GPU shapes. FLOPs follow Megatron's counter:
   6 x parameters per token for the GEMMs (routed experts scaled by k / n_e) and 6 h_q s^2 per causal attention layer.
-  Full recompute re-runs one forward (x 4/3). ``PlannerOptions.mfu`` set to a number replaces all of this by
-  FLOPs / (mfu x peak), the earlier constant model.
+  Full recompute re-runs one forward (x 4/3), ``recompute_mlp`` the MLP's. A dropless MoE layer takes at least
+  ``Efficiency.moe_layer_floor`` per micro-batch (host-bound). ``PlannerOptions.mfu`` set to a number replaces all
+  of this by FLOPs / (mfu x peak), the earlier constant model.
 * Communication per micro-batch per GPU (nccl-tests bus-bandwidth convention): TP 4 all-reduce equivalents per
   layer of b (s/c) h 2 bytes (6 with full recompute), on NVLink when the group fits in a node, only
   ``tp_exposed`` of it counted with TP comm overlap; CP ring KV 3 (c-1) T 2 g_t d_h 2 bytes per attention layer,
   exposed only beyond the attention it overlaps; EP 4 all-to-alls per MoE layer of (T/t) k h 2 bytes (e-1)/e, the
-  cross-node share at the inter-node bandwidth when ETP x EP spans nodes, ``a2a_exposed`` of it counted; PP
+  cross-node share at the inter-node bandwidth when ETP x EP spans nodes (once per remote node with
+  ``ep_dedup_nodes``), ``a2a_exposed`` of it counted; PP
   2 v b (s/c) h 2 / t bytes of P2P, at the inter-node rate when stages sit on different nodes.
 * Per step: the DP reduce-scatter of gradients and all-gather of bf16 weights over DP x CP (dense) and EDP
   (experts), at the inter-node bandwidth once the group leaves the node. With ``dp_overlap`` (Megatron's
-  overlap-grad-reduce / overlap-param-gather) only what exceeds the last micro-batch's backward (reduce-scatter)
-  and the first one's forward (all-gather) is exposed, plus half the bubble each with interleaving.
+  overlap-grad-reduce / overlap-param-gather) only what exceeds the backward (reduce-scatter) and the forward
+  (all-gather) of ``Efficiency.dp_overlap_microbatches`` micro-batches is exposed, plus half the bubble each with
+  interleaving.
 * Pipeline: step = (m + (p-1)/v) x t_microbatch + t_DP exposed, m = B / (b d). The bubble is reported both as a share
   of the total time, (p-1)/(v m + p - 1), and relative to the ideal time, (p-1)/(v m) (Narayanan et al. 2021).
 """
@@ -146,7 +149,7 @@ class TimeBreakdown:
     """Global batch tokens / step, per GPU (tokens/s/GPU)."""
     parts: Dict[str, float] = field(default_factory=dict)
     """Per micro-batch seconds on the slowest stage: 'gemm', 'grouped_gemm', 'attention', 'memory_bound', 'tp',
-    'cp', 'ep', 'pp'."""
+    'cp', 'ep', 'pp', 'host_bound' and their sum 'total'."""
 
     def to_dict(self) -> Dict[str, float]:
         return asdict(self)
