@@ -312,9 +312,10 @@ class PlannerOptions:
     """Restrict CP to these degrees (e.g. (1,) for a search without CP); None = every divisor of W."""
     memory_headroom: float = 0.92
     """Usable fraction of GPU memory. 0.92 leaves 6.4 GB of an 80 GB GPU for the CUDA context, library
-    workspaces and allocator fragmentation beyond ``nccl_buffer_bytes``; it is the smallest round value at which
-    the published layouts of docs/planner.md's validation table fit under this memory model (Llama 3 405B's
-    PP16 stage needs 72.6 GB). Fujii et al.'s stricter 0.8 (no OOM in 454 runs) is the safe choice for a new model."""
+    workspaces and allocator fragmentation beyond ``nccl_buffer_bytes``. It is the smallest round value at which
+    the published layouts of docs/planner.md's validation table fit under this memory model (except Llama 3's
+    interleaved PP16), and Llama 3 405B's PP16 fits without interleaving (72.6 GB). Fujii et al.'s stricter 0.8
+    (no OOM in 454 runs) is the safe choice for a new model."""
     nccl_buffer_bytes: float = 0.5e9
     """Communicator buffer bytes per process group of size > 1 (~0.5 GB per communicator, Fujii et al.)."""
     mfu: Optional[float] = None
