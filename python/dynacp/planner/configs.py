@@ -133,7 +133,8 @@ class ConfigTable:
             assert mem is not None and tm is not None
             line = (
                 f"{i:>3} {r.layout.label(self.model.is_moe):<28} {tm.microbatches:>3} "
-                f"{(mem.params_dense + mem.params_expert) / 1e9:>9.2f}B {(mem.weights + mem.fp8_weights) / GB:>8.1f} "
+                f"{(mem.params_dense + mem.params_expert) / 1e9:>9.2f}B "
+                f"{(mem.weights + mem.fp8_weights) / GB:>8.1f} "
                 f"{mem.grads / GB:>7.1f} {mem.optimizer / GB:>7.2f} {mem.activations / GB:>7.1f} "
                 f"{mem.logits / GB:>7.1f} {mem.buffers / GB:>5.1f} {mem.total / GB:>7.1f} {r.headroom / GB:>6.1f} "
                 f"{tm.bubble_of_total:>7.1%} {tm.bubble_vs_ideal:>9.1%} {tm.step:>8.2f} {tm.mfu:>5.1%}"
