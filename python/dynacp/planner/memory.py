@@ -227,13 +227,14 @@ def layer_bytes_per_token(model: ModelConfig, opts: PlannerOptions, seq: int) ->
 
 def in_flight(layout: Layout, m: int, stage: int = 0) -> float:
     """Micro-batches (in whole-stage units) whose activations pipeline stage ``stage`` = i (0-based) holds:
-    1F1B min(p - i, m); interleaved p + (p - 2i - 1) / v, i.e. Megatron's 2 (p - i - 1) + (v - 1) p warm-up chunks
-    plus one, of L / (p v) layers each, which for the first stage is Megatron's p (1 + (p-1)/(p v))."""
+    1F1B min(p - i, m); interleaved min(p + (p - 2i - 1) / v, m), i.e. Megatron's 2 (p - i - 1) + (v - 1) p warm-up
+    chunks plus one, of L / (p v) layers each (for the first stage Megatron's p (1 + (p-1)/(p v))), capped as
+    Megatron caps the warm-up at all m v chunks of the step (then every forward runs before the first backward)."""
     p, v = layout.pp, layout.vpp
     if p <= 1:
         return 1.0
     if v > 1:
-        return p + (p - 2 * stage - 1) / v
+        return min(p + (p - 2 * stage - 1) / v, float(m))
     return float(min(p - stage, m))
 
 

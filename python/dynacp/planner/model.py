@@ -330,6 +330,11 @@ class PlannerOptions:
     dp_overlap: bool = True
     """Overlap the DP gradient reduce-scatter with the last micro-batch's backward and the parameter all-gather
     with the first forward (Megatron's --overlap-grad-reduce / --overlap-param-gather); False = fully exposed."""
+    pp_comm_overlap: bool = True
+    """With interleaving (VPP > 1) the pipeline sends and receives run asynchronously behind the next chunk's compute
+    (Megatron's --overlap-p2p-communication, which NeMo and Megatron-Bridge turn on whenever VPP > 1; the Llama 3
+    paper's asynchronous point-to-point): only the part longer than the stage's compute is exposed. Without
+    interleaving the 1F1B sends block and are always counted. False = always counted."""
     tp_comm_overlap: bool = True
     """TP communication overlapped with the GEMMs (Transformer Engine userbuffers, --tp-comm-overlap): only
     Efficiency.tp_exposed of it is counted; False = fully exposed."""

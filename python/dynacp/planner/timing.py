@@ -267,6 +267,8 @@ def _stage_microbatch(
         parts = {"gemm": gemm, "grouped_gemm": grouped, "attention": attn, "memory_bound": membound}
         parts.update(_comm_seconds(model, cluster, batch, layout, opts, layers, attn))
         busy = sum(parts[k] for k in ("gemm", "grouped_gemm", "attention", "memory_bound", "tp", "cp", "ep"))
+        if layout.vpp > 1 and opts.pp_comm_overlap:  # asynchronous P2P behind the next chunk's compute
+            parts["pp"] = max(0.0, parts["pp"] - busy)
         parts["host_bound"] = _host_floor(model, opts, layers, busy)
         parts["total"] = busy + parts["pp"] + parts["host_bound"]
         if not worst or parts["total"] > worst["total"]:
