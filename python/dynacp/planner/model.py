@@ -104,6 +104,13 @@ class ModelConfig:
     """Width of one shared expert; None = expert_ffn_hidden_size."""
     num_moe_layers: Optional[int] = None
     """Layers whose MLP is MoE; None = all layers when num_experts > 0, else 0."""
+    num_expert_groups: Optional[int] = None
+    """Group-limited routing [--moe-router-num-groups]: the routed experts form this many contiguous groups and a
+    token picks its top_k experts inside expert_group_topk of them (DeepSeek-V3: 8 groups, 4 chosen; with its 256
+    experts on 8 nodes a group is a node, which is the paper's node-limited routing, at most 4 nodes per token).
+    None = no groups. It bounds how many nodes an EP all-to-all sends a token to."""
+    expert_group_topk: Optional[int] = None
+    """Groups a token may route to [--moe-router-group-topk]; required with num_expert_groups."""
     num_mtp_layers: int = 0
     """Multi-token-prediction blocks [--mtp-num-layers] (DeepSeek-V3: 1). Each is one more transformer layer (MoE
     when the model is) plus one more output-layer pass, on the last pipeline stage."""
@@ -159,7 +166,7 @@ class ModelConfig:
         _integral(self, "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "ffn_hidden_size",
                   "num_kv_heads", "head_dim", "num_attention_layers", "num_experts", "top_k",
                   "expert_ffn_hidden_size", "num_shared_experts", "shared_expert_ffn_hidden_size", "num_moe_layers",
-                  "num_mtp_layers")
+                  "num_mtp_layers", "num_expert_groups", "expert_group_topk")
         _positive(self, "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "num_kv_heads", "head_dim")
         for n in ("ffn_hidden_size", "num_experts", "top_k", "expert_ffn_hidden_size", "num_shared_experts",
                   "num_mtp_layers",
@@ -179,6 +186,7 @@ class ModelConfig:
             if self.expert_ffn_hidden_size <= 0 and self.expert_params is None:
                 raise ValueError(
                     "ModelConfig.expert_ffn_hidden_size is required for a MoE model (or give expert_params)")
+            self._validate_groups()
         elif self.expert_params:
             raise ValueError("ModelConfig.expert_params is set but num_experts is 0; give num_experts and top_k too")
         if self.num_experts == 0 and self.ffn_hidden_size <= 0 and self.non_expert_params is None:
@@ -186,6 +194,20 @@ class ModelConfig:
         if self.moe_layers < self.num_layers and self.ffn_hidden_size <= 0 and self.non_expert_params is None:
             raise ValueError(f"ModelConfig.ffn_hidden_size is required: {self.num_layers - self.moe_layers} layers "
                              "are dense")
+
+    def _validate_groups(self) -> None:
+        """Group-limited routing: both fields or neither, groups dividing the experts, enough experts to pick from."""
+        g, gk = self.num_expert_groups, self.expert_group_topk
+        if g is None and gk is None:
+            return
+        if g is None or gk is None or g < 1 or gk < 1:
+            raise ValueError("ModelConfig.num_expert_groups and expert_group_topk go together and must be positive, "
+                             f"got {g!r} and {gk!r}")
+        if self.num_experts % g:
+            raise ValueError(f"ModelConfig.num_expert_groups ({g}) must divide num_experts ({self.num_experts})")
+        if gk > g or gk * (self.num_experts // g) < self.top_k:
+            raise ValueError(f"ModelConfig.expert_group_topk ({gk}) must be at most num_expert_groups ({g}) and its "
+                             f"groups must hold at least top_k = {self.top_k} experts")
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any], where: str = "model") -> ModelConfig:
