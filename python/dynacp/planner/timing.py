@@ -28,7 +28,6 @@ what overlaps, and the pipeline bubble.
 from __future__ import annotations
 
 import math
-
 from dataclasses import asdict, dataclass, field
 from typing import Dict, Optional, Tuple
 
