@@ -228,7 +228,8 @@ class ClusterConfig:
     gpus_per_node: int
     """G: GPUs per node sharing the fast intra-node fabric (NVLink)."""
     gpu_memory: float
-    """Bytes of memory per GPU (80 GB H100 = 80e9; state binary capacities as 2**30 multiples yourself)."""
+    """Bytes of memory per GPU as CUDA reports its total capacity. An "80 GB" H100 has 80 GiB of HBM3, of which
+    CUDA reports about 79.2 GiB = 85.0e9 bytes (the h100 presets); state binary capacities as 2**30 multiples."""
     peak_flops: float
     """Peak dense bf16 FLOP/s per GPU (H100 SXM 989e12)."""
     intra_node_bandwidth: float = 350e9
@@ -333,11 +334,11 @@ class PlannerOptions:
     cp_sizes: Optional[Tuple[int, ...]] = None
     """Restrict CP to these degrees (e.g. (1,) for a search without CP); None = every divisor of W."""
     memory_headroom: float = 0.92
-    """Usable fraction of GPU memory. 0.92 leaves 6.4 GB of an 80 GB GPU for the CUDA context, library
-    workspaces and allocator fragmentation beyond ``nccl_buffer_bytes``. It is the smallest round value at which
-    the published layouts of docs/planner.md's validation table fit under this memory model (except Llama 3's
-    interleaved PP16), and Llama 3 405B's PP16 fits without interleaving (72.6 GB). Fujii et al.'s stricter 0.8
-    (no OOM in 454 runs) is the safe choice for a new model."""
+    """Usable fraction of GPU memory. 0.92 leaves 8 % (6.8 GB of an H100's 85.0e9 bytes) for the CUDA context,
+    library workspaces (cuBLAS, Transformer Engine's TP-overlap buffers) and allocator fragmentation beyond
+    ``nccl_buffer_bytes``. It was chosen against docs/planner.md's validation table (see its calibration note):
+    every published layout except Llama 3's PP16 x V8 on 8,192 GPUs fits under it. Fujii et al.'s stricter 0.8 (no
+    OOM in 454 runs) is the safe choice for a new model."""
     nccl_buffer_bytes: float = 0.5e9
     """Communicator buffer bytes per process group of size > 1 (~0.5 GB per communicator, Fujii et al.)."""
     mfu: Optional[float] = None

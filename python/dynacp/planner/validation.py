@@ -118,11 +118,16 @@ def published_runs() -> List[PublishedRun]:
     ]
 
 
+H100_MEMORY = 85.0e9
+"""Bytes of an "80 GB" H100: 80 GiB of HBM3, about 79.2 GiB (85.0e9 bytes) of it reported by CUDA as total capacity."""
+
+
 def h100_cluster(gpus: int) -> ClusterConfig:
-    """``gpus`` / 8 nodes of 8 H100 SXM 80 GB: 989 TFLOP/s bf16, NVLink 350 GB/s bus bandwidth (nccl-tests
+    """``gpus`` / 8 nodes of 8 H100 SXM 80 GB: 85.0e9 bytes of memory (the card has 80 GiB of HBM3, of which CUDA
+    reports about 79.2 GiB as its total capacity), 989 TFLOP/s bf16, NVLink 350 GB/s bus bandwidth (nccl-tests
     all-gather / reduce-scatter on 8 GPUs reach 360 / 350 GB/s, /work/shared/data/profiles/h100_nccl_perf.csv), one
     400 Gb/s NIC per GPU (50 GB/s), HBM3 3.35 TB/s."""
-    return ClusterConfig(num_nodes=gpus // 8, gpus_per_node=8, gpu_memory=80e9, peak_flops=989e12,
+    return ClusterConfig(num_nodes=gpus // 8, gpus_per_node=8, gpu_memory=H100_MEMORY, peak_flops=989e12,
                          intra_node_bandwidth=350e9, inter_node_bandwidth=50e9, hbm_bandwidth=3.35e12,
                          name=f"{gpus}xH100")
 
@@ -236,5 +241,5 @@ def markdown(verdicts: List[Verdict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["PublishedRun", "Verdict", "family_rank", "h100_cluster", "markdown", "published_runs", "validate",
+__all__ = ["H100_MEMORY", "PublishedRun", "Verdict", "family_rank", "h100_cluster", "markdown", "published_runs", "validate",
            "validate_run"]
