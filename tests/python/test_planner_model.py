@@ -221,9 +221,88 @@ def test_moe_host_floor_binds_small_experts_only() -> None:
 
 def test_cli_new_flags_and_old_ones(capsys) -> None:
     args = ["--model", "llama3-8b", "--cluster", "h100-64", "--top", "3"]
-    assert planner_cli.main([*args, "--fp8", "--no-dp-overlap", "--ep-in-node", "--json"]) == 0
+    assert planner_cli.main([*args, "--fp8", "--no-dp-overlap", "--no-pp-overlap", "--ep-in-node", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["options"]["fp8"] and not res["options"]["dp_overlap"] and res["options"]["ep_in_node"]
+    assert not res["options"]["pp_comm_overlap"]
     assert res["options"]["memory_headroom"] == pytest.approx(0.92)
     assert planner_cli.main([*args, "--mfu", "0.45", "--headroom", "0.8"]) == 0
     assert "usable 80%" in capsys.readouterr().out
+
+
+# ---- published-run modelling: node-limited routing, P2P overlap, ZeRO-2 per micro-batch, H100 capacity --------------
+
+
+def test_group_limited_routing_bounds_the_nodes_a_token_reaches() -> None:
+    from dynacp.planner.timing import remote_nodes_per_token as remote
+
+    # no groups: (N-1)(1 - (1 - 1/N)^k); one group per node with every group allowed is the same thing
+    assert remote(8, 8) == pytest.approx(7 * (1 - (7 / 8) ** 8))
+    assert remote(8, 8, 8, 8) == pytest.approx(remote(8, 8))
+    # DeepSeek-V3 at EP64 on 8 nodes, 8 groups, 4 chosen: a node is chosen with 4/8 and then reached unless all
+    # 8 experts miss it, 7 x 0.5 x (1 - 0.75^8) = 3.15 other nodes (4.59 without the limit)
+    assert remote(8, 8, 8, 4) == pytest.approx(7 * 0.5 * (1 - 0.75 ** 8))
+    # two groups per node (EP32 on 4 nodes): hypergeometric count of a node's chosen groups
+    miss = (15 / 70) + (40 / 70) * 0.75 ** 8 + (15 / 70) * 0.5 ** 8
+    assert remote(4, 8, 8, 4) == pytest.approx(3 * (1 - miss))
+    # a group spread over two nodes (16 nodes, 8 groups): chosen with 4/8, then hit by 1/8 of the draws each
+    assert remote(16, 8, 8, 4) == pytest.approx(15 * 0.5 * (1 - (7 / 8) ** 8))
+    assert remote(1, 8, 8, 4) == 0.0
+    c = h100_cluster(64)
+    limited = moe_dispatch_seconds(c, 64, 8, 1e9, dedup=True, groups=8, group_topk=4)
+    assert limited == pytest.approx(1e9 / 8 * remote(8, 8, 8, 4) / 50e9)
+    assert limited < moe_dispatch_seconds(c, 64, 8, 1e9, dedup=True)
+
+
+def test_expert_groups_are_validated() -> None:
+    base = dict(num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=100, num_experts=16, top_k=4,
+                expert_ffn_hidden_size=32)
+    pl.ModelConfig(**base, num_expert_groups=4, expert_group_topk=2).validate()
+    for bad, words in [({"num_expert_groups": 4}, "go together"), ({"num_expert_groups": 3, "expert_group_topk": 1},
+                       "must divide"), ({"num_expert_groups": 8, "expert_group_topk": 1}, "at least top_k")]:
+        with pytest.raises(ValueError, match=words):
+            pl.ModelConfig(**base, **bad).validate()
+    ds = pl.model_preset("deepseek-v3")
+    assert (ds.num_expert_groups, ds.expert_group_topk) == (8, 4)
+
+
+def test_p2p_hides_behind_compute_only_with_interleaving() -> None:
+    model, cluster, batch = pl.model_preset("llama3-70b"), h100_cluster(64), pl.BatchConfig(128, 8192)
+    lay = pl.Layout(4, 8, 1, 2, vpp=5)
+    shown = step_time(model, cluster, batch, lay, _opts(pp_comm_overlap=False))
+    # 2 v sends of b s h x 2 B / t per micro-batch across nodes at 50 GB/s
+    assert shown.parts["pp"] == pytest.approx(2 * 5 * 8192 * 8192 * 2 / 4 / 50e9)
+    hidden = step_time(model, cluster, batch, lay, _opts())
+    assert hidden.parts["pp"] == 0 and hidden.step < shown.step
+    plain = pl.Layout(4, 8, 1, 2)  # 1F1B without interleaving: blocking sends, always counted
+    assert step_time(model, cluster, batch, plain, _opts()).parts["pp"] == pytest.approx(
+        step_time(model, cluster, batch, plain, _opts(pp_comm_overlap=False)).parts["pp"])
+
+
+def test_zero2_reduce_scatters_every_micro_batch() -> None:
+    from dynacp.planner.timing import dp_traffic
+
+    model, cluster, batch = pl.model_preset("llama3-8b"), h100_cluster(64), pl.BatchConfig(256, 4096)
+    lay = pl.Layout(1, 1, 1, 64)
+    unit = 8.03e9 * 63 / 64 / 50e9  # one byte per parameter over DP 64 across nodes
+    dist = dp_traffic(cluster, lay, _opts(), model)
+    assert dist["rs_step"] == pytest.approx(4 * unit, rel=0.01) and dist["rs_mb"] == 0
+    z2 = dp_traffic(cluster, lay, _opts(optimizer="zero2"), model)
+    assert z2["rs_mb"] == pytest.approx(4 * unit, rel=0.01) and z2["ag_step"] == pytest.approx(2 * unit, rel=0.01)
+    z3 = dp_traffic(cluster, lay, _opts(optimizer="zero3"), model)
+    assert z3["ag_mb_fwd"] == z3["ag_mb_bwd"] == pytest.approx(2 * unit, rel=0.01) and z3["ag_step"] == 0
+    m = 256 // 64
+    t = step_time(model, cluster, batch, lay, _opts(optimizer="zero2", dp_overlap=False))
+    assert t.dp_total == pytest.approx(m * z2["rs_mb"] + z2["ag_step"]) and t.dp_comm == pytest.approx(t.dp_total)
+    # overlapped: each micro-batch's reduce-scatter hides behind its own backward (2/3 of the micro-batch)
+    o = step_time(model, cluster, batch, lay, _opts(optimizer="zero2"))
+    t_mb = o.parts["total"]
+    assert o.dp_comm >= m * max(0.0, z2["rs_mb"] - 2 / 3 * t_mb) - 1e-12
+
+
+def test_h100_presets_hold_what_cuda_reports() -> None:
+    from dynacp.planner.validation import H100_MEMORY
+
+    assert H100_MEMORY == 85.0e9 and 79 * 2**30 < H100_MEMORY < 80 * 2**30
+    assert pl.cluster_preset("h100-64").gpu_memory == pl.cluster_preset("h100-512").gpu_memory == H100_MEMORY
+    assert h100_cluster(8).gpu_memory == H100_MEMORY
