@@ -15,7 +15,7 @@ rank, T = b*s/c tokens per rank per micro-batch):
   wide) (= 21h at f = 4h with dropout, so 34h per layer as in the paper); MoE MLP 4h + 4 n_e + imbalance * k *
   (4h + (4 or 6) f_e) + shared experts (the derived first-order formula in planner_anchors.md 2.4). Full
   recompute keeps 2h per layer plus one layer's working set. The first stage holds min(p, m) micro-batches of
-  L/p layers (interleaved: p * (1 + (p-1)/(p v))), plus Megatron's input-id and embedding-dropout terms.
+  L/p layers (interleaved: min(p * (1 + (p-1)/(p v)), m)), plus Megatron's input-id and embedding-dropout terms.
 * Logits and cross-entropy on the last stage: (4h + 4V) per token / t, or 4h per token + 4V per chunk token when
   the cross-entropy is chunked.
 * Communication buffers: nccl_buffer_bytes per process group larger than one.

@@ -14,13 +14,15 @@ what overlaps, and the pipeline bubble.
   ``tp_exposed`` of it counted with TP comm overlap; CP ring KV 3 (c-1) T 2 g_t d_h 2 bytes per attention layer,
   exposed only beyond the attention it overlaps; EP 4 all-to-alls per MoE layer of (T/t) k h 2 bytes (e-1)/e, the
   cross-node share at the inter-node bandwidth when ETP x EP spans nodes (once per remote node with
-  ``ep_dedup_nodes``), ``a2a_exposed`` of it counted; PP
-  2 v b (s/c) h 2 / t bytes of P2P, at the inter-node rate when stages sit on different nodes.
+  ``ep_dedup_nodes``, fewer nodes with group-limited routing), ``a2a_exposed`` of it counted; PP 2 v b (s/c) h 2 / t
+  bytes of P2P, at the inter-node rate when stages sit on different nodes, hidden behind the stage's compute with
+  interleaving and ``pp_comm_overlap`` (Megatron's overlap-p2p-communication).
 * Per step: the DP reduce-scatter of gradients and all-gather of bf16 weights over DP x CP (dense) and EDP
   (experts), at the inter-node bandwidth once the group leaves the node. With ``dp_overlap`` (Megatron's
   overlap-grad-reduce / overlap-param-gather) only what exceeds the backward (reduce-scatter) and the forward
   (all-gather) of ``Efficiency.dp_overlap_microbatches`` micro-batches is exposed, plus half the bubble each with
-  interleaving.
+  interleaving. ZeRO-2 reduce-scatters every micro-batch instead, ZeRO-3 also all-gathers every forward and
+  backward; each hides behind its own micro-batch (:func:`dp_traffic`).
 * Pipeline: step = (m + (p-1)/v) x t_microbatch + t_DP exposed, m = B / (b d). The bubble is reported both as a share
   of the total time, (p-1)/(v m + p - 1), and relative to the ideal time, (p-1)/(v m) (Narayanan et al. 2021).
 """
