@@ -123,8 +123,9 @@ def test_interleaved_in_flight_follows_megatrons_warmup() -> None:
         chunks = 2 * (16 - i - 1) + 7 * 16 + 1
         assert in_flight(lay, 32, i) == pytest.approx(chunks / 8)
     assert in_flight(pl.Layout(8, 16, 1, 64), 32, 1) == 15 and in_flight(pl.Layout(8, 16, 1, 64), 8, 1) == 8
-    # Megatron caps the warm-up at the step's m v chunks: with m = 16 all 128 forwards run before any backward
-    assert in_flight(lay, 16, 1) == 16 and in_flight(lay, 16, 15) == pytest.approx(113 / 8)
+    # Megatron caps the warm-up at the step's m v chunks, and with m = p every rank runs all m v forwards first
+    assert in_flight(lay, 16, 1) == 16 and in_flight(lay, 16, 15) == 16
+    assert in_flight(lay, 20, 1) == pytest.approx((2 * 14 + 7 * 16 + 1) / 8) and in_flight(lay, 17, 0) == 17
 
 
 # ---- time -------------------------------------------------------------------------------------------------------

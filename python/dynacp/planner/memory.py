@@ -229,12 +229,13 @@ def in_flight(layout: Layout, m: int, stage: int = 0) -> float:
     """Micro-batches (in whole-stage units) whose activations pipeline stage ``stage`` = i (0-based) holds:
     1F1B min(p - i, m); interleaved min(p + (p - 2i - 1) / v, m), i.e. Megatron's 2 (p - i - 1) + (v - 1) p warm-up
     chunks plus one, of L / (p v) layers each (for the first stage Megatron's p (1 + (p-1)/(p v))), capped as
-    Megatron caps the warm-up at all m v chunks of the step (then every forward runs before the first backward)."""
+    Megatron caps the warm-up at all m v chunks of the step; with m = p every stage runs all its forwards before the
+    first backward (Megatron's all-warm-up case), so every stage holds m."""
     p, v = layout.pp, layout.vpp
     if p <= 1:
         return 1.0
     if v > 1:
-        return min(p + (p - 2 * stage - 1) / v, float(m))
+        return float(m) if m == p else min(p + (p - 2 * stage - 1) / v, float(m))
     return float(min(p - stage, m))
 
 
