@@ -86,8 +86,9 @@ def test_anchor_etp_table_model_states() -> None:
 
 
 def test_real_structure_rejects_ep5_and_tp5_and_derives_m_from_dp() -> None:
+    # ep_in_node is off by default since issue 22 (EP may span nodes); the seed's table applies it
     table = pl.configs("qwen3.5-35b-a3b", "seed-40xh20", SEED_BATCH,
-                       dict(grad_dtype="bf16", recompute="full", chunked_ce=True))
+                       dict(grad_dtype="bf16", recompute="full", chunked_ce=True, ep_in_node=True))
     ep5 = table.find(ep=5)
     assert ep5 and all(not r.feasible and "experts % EP: EP 5 does not divide 256 experts" in r.reason for r in ep5)
     assert all("EP in node" in r.reason for r in ep5)
@@ -217,7 +218,7 @@ def test_dense_table_ranks_and_explains() -> None:
     assert steps[0] <= min(steps) * (1 + table.options.tie_tolerance)
     assert steps[-1] >= steps[len(steps) // 2] >= steps[0]
     for r in table.rows:
-        assert r.memory.total <= table.cluster.gpu_memory * 0.8 and r.feasible
+        assert r.memory.total <= table.cluster.gpu_memory * table.options.memory_headroom and r.feasible
         assert r.layout.tp * r.layout.pp * r.layout.cp * r.layout.dp == 64
     for r in table.rejected:
         assert r.reason and "\n" not in r.reason

@@ -8,7 +8,7 @@ import sys
 from typing import List, Optional
 
 from dynacp.planner.configs import configs
-from dynacp.planner.model import ETP_CHOICES, OPTIMIZERS, RECOMPUTE
+from dynacp.planner.model import ETP_CHOICES, OPTIMIZERS, RECOMPUTE, PlannerOptions
 from dynacp.planner.presets import preset_names
 
 
@@ -49,9 +49,16 @@ def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) 
                    help="show only layouts with these PP degrees, comma-separated (default: all)")
     o.add_argument("--max-vpp", type=int, default=1, help="largest interleaving (virtual pipeline) degree (default 1)")
     o.add_argument("--allow-uneven-pp", action="store_true", help="accept PP not dividing the layers")
-    o.add_argument("--headroom", type=float, default=0.8,
-                   help="usable fraction of GPU memory (0..1, default 0.8)")
-    o.add_argument("--mfu", type=float, default=0.45, help="achieved fraction of peak FLOP/s (0..1, default 0.45)")
+    o.add_argument("--headroom", type=float, default=PlannerOptions.memory_headroom,
+                   help=f"usable fraction of GPU memory (0..1, default {PlannerOptions.memory_headroom})")
+    o.add_argument("--mfu", type=float, default=None,
+                   help="price all FLOPs at this fraction of peak (0..1; default: the efficiency model)")
+    o.add_argument("--fp8", action="store_true", help="FP8 GEMMs (faster GEMMs, 1 B/param FP8 weight copy)")
+    o.add_argument("--no-dp-overlap", action="store_true",
+                   help="count the DP reduce-scatter / all-gather as fully exposed (default: overlapped)")
+    o.add_argument("--no-pp-overlap", action="store_true",
+                   help="count interleaved pipeline sends as exposed (default: hidden behind the next chunk)")
+    o.add_argument("--ep-in-node", action="store_true", help="keep ETP x EP groups inside a node")
     o.add_argument("--batches", type=int, default=4, help="global batches sampled with --lengths (count, default 4)")
     o.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     out = p.add_argument_group("output")
@@ -93,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
         "chunked_ce": args.chunked_ce, "etp": args.etp, "ep_divides_dp": args.ep_divides_dp,
         "cp_sizes": _cp_list(args.cp) if args.cp else None, "max_vpp": args.max_vpp,
         "allow_uneven_pp": args.allow_uneven_pp, "memory_headroom": args.headroom, "mfu": args.mfu,
-        "sample_batches": args.batches, "seed": args.seed,
+        "sample_batches": args.batches, "seed": args.seed, "fp8": args.fp8, "dp_overlap": not args.no_dp_overlap,
+        "pp_comm_overlap": not args.no_pp_overlap, "ep_in_node": args.ep_in_node,
     }
     batch = {"global_batch": args.gbs, "seq_length": args.seq_length, "micro_batch": args.mbs}
     table = configs(args.model, args.cluster, batch, options, lengths=args.lengths,

@@ -133,7 +133,8 @@ class ConfigTable:
             assert mem is not None and tm is not None
             line = (
                 f"{i:>3} {r.layout.label(self.model.is_moe):<28} {tm.microbatches:>3} "
-                f"{(mem.params_dense + mem.params_expert) / 1e9:>9.2f}B {mem.weights / GB:>8.1f} "
+                f"{(mem.params_dense + mem.params_expert) / 1e9:>9.2f}B "
+                f"{(mem.weights + mem.fp8_weights) / GB:>8.1f} "
                 f"{mem.grads / GB:>7.1f} {mem.optimizer / GB:>7.2f} {mem.activations / GB:>7.1f} "
                 f"{mem.logits / GB:>7.1f} {mem.buffers / GB:>5.1f} {mem.total / GB:>7.1f} {r.headroom / GB:>6.1f} "
                 f"{tm.bubble_of_total:>7.1%} {tm.bubble_vs_ideal:>9.1%} {tm.step:>8.2f} {tm.mfu:>5.1%}"
@@ -147,7 +148,8 @@ class ConfigTable:
             lines.append(line)
         if not self.rows:
             lines.append("  (no feasible layout)")
-        lines.append(f"{len(self.rows)} feasible, {len(self.rejected)} rejected (memory in GB = 1e9 bytes)")
+        lines.append(f"{len(self.rows)} feasible, {len(self.rejected)} rejected (memory in GB = 1e9 bytes; 'weights' "
+                     "includes the FP8 copy)")
         if show_rejected:
             lines += [f"  rejected {r.layout.label(self.model.is_moe)}: {r.reason}" for r in self.rejected]
         elif self.rejected:
@@ -180,8 +182,13 @@ def model_warnings(model: ModelConfig) -> List[str]:
     return out
 
 
+def _model_parallel(row: Row) -> int:
+    return row.layout.tp * row.layout.pp * row.layout.cp
+
+
 def _rank(rows: List[Row], tol: float) -> List[Row]:
-    """Sort by step time; rows within ``tol`` of the fastest row of their run are ties, ordered by headroom."""
+    """Sort by step time; rows within ``tol`` of the fastest row of their run are ties, ordered by the least model
+    parallelism TP x PP x CP (the simpler layout, as practitioners choose), then by the most memory headroom."""
     rows = sorted(rows, key=lambda r: (r.step, -r.headroom))
     out: List[Row] = []
     i = 0
@@ -189,7 +196,7 @@ def _rank(rows: List[Row], tol: float) -> List[Row]:
         j = i
         while j < len(rows) and rows[j].step <= rows[i].step * (1 + tol):
             j += 1
-        out += sorted(rows[i:j], key=lambda r: (-r.headroom, r.step))
+        out += sorted(rows[i:j], key=lambda r: (_model_parallel(r), -r.headroom, r.step))
         i = j
     return out
 
@@ -276,7 +283,10 @@ def configs(
             lay, mem, tm = row.layout, row.memory, row.time
             assert mem is not None and tm is not None
             static_bytes = mem.model_states + mem.buffers
-            fields = dynamic.scheduler_inputs(m_cfg, c_cfg, b_cfg, lay, opts, static_bytes, tm.microbatches)
+            full = 4 / 3 if opts.recompute == "full" else 1.0
+            speed = tm.model_flops / c_cfg.world * full / tm.compute if tm.compute > 0 else None
+            fields = dynamic.scheduler_inputs(m_cfg, c_cfg, b_cfg, lay, opts, static_bytes, tm.microbatches,
+                                              speed)
             key = tuple(sorted(fields.items()))
             if key not in cache:
                 cache[key] = dynamic.predict_scheduled(fields, batches, 1.0, 0.0,

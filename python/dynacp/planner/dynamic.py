@@ -3,8 +3,8 @@
 A layout's DP x CP ranks form the scheduler's pool (``dynacp.Cluster(num_ranks = DP * CP)``); each pool rank is one
 TP x PP slice of the layout. Its cost model is derived from the planner's own formulas, per token and per rank:
 
-* ``attn_coef`` a = 12 h_q L_attn x recompute / (t p x mfu x peak)  (full mask; the scheduler applies eta = 0.5),
-* ``linear_coef`` b = 6 N_active x recompute / (t p x mfu x peak) + the TP, EP and PP traffic of one token,
+* ``attn_coef`` a = 12 h_q L_attn x recompute / (t p x speed)  (full mask; the scheduler applies eta = 0.5),
+* ``linear_coef`` b = 6 N_active x recompute / (t p x speed) + the TP, EP and PP traffic of one token,
 * ``kv_bytes_per_token`` = 3 (fwd KV, bwd KV + dKV) x 2 g_t d_h x 2 B x L_attn / p,
 * ``mem_per_token`` = the layout's activation + logits bytes per token (in-flight micro-batches included), and
   ``activation_budget`` = usable GPU memory - model states - buffers.
@@ -105,10 +105,14 @@ def scheduler_inputs(
     opts: PlannerOptions,
     static_bytes: float,
     m: int,
+    speed: Optional[float] = None,
 ) -> Dict[str, float]:
-    """Fields of ``dynacp.Cluster`` and ``dynacp.CostModel`` for the layout's DP x CP pool (see module doc)."""
+    """Fields of ``dynacp.Cluster`` and ``dynacp.CostModel`` for the layout's DP x CP pool (see module doc).
+    ``speed``: achieved FLOP/s of the layout's compute (default: ``opts.mfu`` x peak, or 45% of peak)."""
     t, p, e, v = layout.tp, layout.pp, layout.ep, layout.vpp
-    h, speed = model.hidden_size, cluster.peak_flops * opts.mfu
+    h = model.hidden_size
+    if speed is None:
+        speed = cluster.peak_flops * (opts.mfu if opts.mfu is not None else 0.45)
     lin_r, attn_r = recompute_factors(opts)
     f_dense, f_exp = linear_flops_per_token(model)
     frac = stage_layers(model, p) / model.num_layers

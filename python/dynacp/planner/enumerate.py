@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, List
 
+from dynacp.planner.memory import stage_split
 from dynacp.planner.model import BatchConfig, ClusterConfig, Layout, ModelConfig, PlannerOptions
 
 
@@ -53,11 +54,21 @@ def check(
         bad(f"FFN % TP: TP {t} does not divide FFN size {model.ffn_hidden_size}")
     if opts.tp_in_node and (t > G or G % t):
         bad(f"TP in node: a TP group of {t} GPUs does not fit inside a {G}-GPU node")
-    if L % p:
-        if opts.allow_uneven_pp:
-            out.flags.append(f"uneven PP: {L} layers over {p} stages")
-        else:
+    if p > L:
+        bad(f"PP stage without layers: PP {p} exceeds the {L} layers")
+    elif L % p:
+        split = stage_split(L, p)
+        if not opts.allow_uneven_pp:
             bad(f"layers % PP: PP {p} does not divide {L} layers (set allow_uneven_pp for an uneven split)")
+        elif min(split) < 1:
+            bad(f"PP stage without layers: {L} layers over {p} stages give the middle stages {split[1]} each and "
+                f"leave the first / last stage {split[0]} / {split[-1]}")
+        elif min(split) + 1 < v:  # the embedding (first) and the loss (last) fill one chunk each
+            bad(f"layers per stage < VPP: the smallest stage has {min(split)} layers plus its embedding or loss "
+                f"chunk, fewer than VPP {v} chunks")
+        else:
+            out.flags.append(f"uneven PP: {L} layers as {split[0]} + {split[1]} x {p - 2} + {split[-1]}"
+                             if p > 2 else f"uneven PP: {L} layers as {split[0]} + {split[-1]}")
     elif (L // p) % v:
         bad(f"layers per stage % VPP: {L // p} layers per stage are not divisible by VPP {v}")
     if batch.global_batch % (batch.micro_batch * d):

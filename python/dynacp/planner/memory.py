@@ -15,7 +15,7 @@ rank, T = b*s/c tokens per rank per micro-batch):
   wide) (= 21h at f = 4h with dropout, so 34h per layer as in the paper); MoE MLP 4h + 4 n_e + imbalance * k *
   (4h + (4 or 6) f_e) + shared experts (the derived first-order formula in planner_anchors.md 2.4). Full
   recompute keeps 2h per layer plus one layer's working set. The first stage holds min(p, m) micro-batches of
-  L/p layers (interleaved: p * (1 + (p-1)/(p v))), plus Megatron's input-id and embedding-dropout terms.
+  L/p layers (interleaved: min(p * (1 + (p-1)/(p v)), m)), plus Megatron's input-id and embedding-dropout terms.
 * Logits and cross-entropy on the last stage: (4h + 4V) per token / t, or 4h per token + 4V per chunk token when
   the cross-entropy is chunked.
 * Communication buffers: nccl_buffer_bytes per process group larger than one.
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 from dynacp.planner.model import BatchConfig, Layout, ModelConfig, PlannerOptions
 
@@ -81,22 +81,53 @@ def param_counts(model: ModelConfig) -> ParamCounts:
     return ParamCounts(float(layers_tp), float(layers_rep), experts, embedding, output)
 
 
+def stage_split(num_layers: int, pp: int) -> List[int]:
+    """Transformer layers of each pipeline stage. Even when PP divides L; otherwise the middle stages get ceil(L/PP)
+    and the first and last stages share the rest, the first taking the larger half (Megatron's
+    --decoder-first/last-pipeline-num-layers, or --account-for-embedding/loss-in-pipeline-split when L + 2 splits
+    evenly; Llama 3 405B: 126 layers over 16 stages = 7, 8 x 14, 7, the embedding and the loss filling the gaps). A
+    stage
+    may come out with zero layers (e.g. PP 128 for 126 layers): :func:`dynacp.planner.enumerate.check` rejects it."""
+    if pp <= 1:
+        return [num_layers]
+    if num_layers % pp == 0:
+        return [num_layers // pp] * pp
+    per = math.ceil(num_layers / pp)
+    if pp == 2:
+        return [per, num_layers - per]
+    rest = num_layers - (pp - 2) * per
+    first = max(0, math.ceil(rest / 2))
+    return [first] + [per] * (pp - 2) + [max(0, rest - first)]
+
+
 def stage_layers(model: ModelConfig, pp: int) -> int:
-    """Transformer layers on the most-loaded pipeline stage (ceil for an uneven split)."""
-    return math.ceil(model.num_layers / pp)
+    """Transformer layers on the most-loaded pipeline stage (ceil(L/PP))."""
+    return max(stage_split(model.num_layers, pp))
+
+
+def stage_layer_count(model: ModelConfig, pp: int, index: int) -> int:
+    """Transformer layers on stage ``index``, the last one's MTP blocks included."""
+    return stage_split(model.num_layers, pp)[index] + (model.num_mtp_layers if index == pp - 1 else 0)
+
+
+def _stage_index(pp: int, stage: str) -> int:
+    return {"first": 0, "only": 0, "middle": min(1, pp - 1), "last": pp - 1}[stage]
 
 
 def params_per_gpu(model: ModelConfig, layout: Layout, stage: str = "first") -> Tuple[float, float]:
-    """(non-expert, routed-expert) parameters on one GPU of ``stage`` ('first' or 'last'; equal when PP = 1).
+    """(non-expert, routed-expert) parameters on one GPU of ``stage`` ('first', 'middle' (the second stage) or
+    'last'; all equal when PP = 1).
 
     With PP = 1, ETP = 1 and embeddings inside X this is the seed's X/TP + E/EP."""
     pc = param_counts(model)
-    frac = stage_layers(model, layout.pp) / model.num_layers
+    frac = stage_layer_count(model, layout.pp, _stage_index(layout.pp, stage)) / model.num_layers
     dense = (pc.layers_tp * frac) / layout.tp + pc.layers_replicated * frac
     if layout.pp == 1:
         dense += (pc.embedding + pc.output) / layout.tp
     elif stage == "first":
         dense += pc.embedding / layout.tp
+    elif stage == "middle":
+        pass
     else:  # last stage: the output layer, or the tied copy of the embedding
         dense += (pc.output or pc.embedding) / layout.tp
     return dense, pc.experts * frac / (layout.etp * layout.ep)
@@ -104,7 +135,7 @@ def params_per_gpu(model: ModelConfig, layout: Layout, stage: str = "first") -> 
 
 @dataclass
 class MemoryBreakdown:
-    """Bytes per GPU on the most-loaded pipeline stage."""
+    """Bytes per GPU on the most-loaded pipeline stage; :meth:`terms` names every term."""
 
     weights: float
     """bf16 parameters."""
@@ -123,41 +154,65 @@ class MemoryBreakdown:
     buffers: float
     """Communicator buffers."""
     stage: str
-    """Which stage is the most loaded: 'only' (PP = 1), 'first' or 'last'."""
+    """Which stage is the most loaded: 'only' (PP = 1), 'first', 'middle' (the second stage) or 'last'."""
     params_dense: float
     """Non-expert parameters on this GPU."""
     params_expert: float
     """Routed-expert parameters on this GPU."""
+    fp8_weights: float = 0.0
+    """FP8 copy of the weights (1 B/param) when PlannerOptions.fp8."""
+    activation_embedding: float = 0.0
+    """The part of ``activations`` that is token ids and the embedding-dropout mask (first stage)."""
+    in_flight: float = 1.0
+    """Micro-batches whose activations this stage holds."""
+    layers: int = 0
+    """Transformer layers on this stage."""
 
     @property
     def model_states(self) -> float:
-        return self.weights + self.grads + self.optimizer
+        return self.weights + self.fp8_weights + self.grads + self.optimizer
 
     @property
     def total(self) -> float:
         return self.model_states + self.activations + self.logits + self.buffers
 
+    def terms(self) -> Dict[str, float]:
+        """Every byte of :attr:`total`, by name, in a fixed order."""
+        return {
+            "weights (bf16)": self.weights, "weights (fp8 copy)": self.fp8_weights, "main grads": self.grads,
+            "optimizer (dense)": self.optimizer_dense, "optimizer (experts)": self.optimizer_expert,
+            "activations (layers)": self.activations - self.activation_embedding,
+            "activations (embedding)": self.activation_embedding, "logits + cross-entropy": self.logits,
+            "communicator buffers": self.buffers,
+        }
+
     def to_dict(self) -> Dict[str, float]:
         d = asdict(self)
         d["model_states"] = self.model_states
         d["total"] = self.total
+        d["terms"] = self.terms()
         return d
 
 
 def _layer_bytes_per_token(model: ModelConfig, opts: PlannerOptions, seq: int) -> Dict[str, float]:
-    """Activation bytes per token of one layer of each kind, before dividing by TP."""
+    """Activation bytes per token of one layer of each kind, before dividing by TP. With FP8 the inputs of the
+    QKV, fc1 and fc2 GEMMs are saved as 1-byte FP8 casts (Transformer Engine), saving h, h and f bytes."""
     h, drop = model.hidden_size, 1.0 if model.dropout else 0.0
+    f8 = 1.0 if opts.fp8 else 0.0
     fc1 = 4 if model.gated_mlp else 2  # bytes per f-wide element of the fc1 output (2f wide when gated)
-    attn_lin = 4 * h + 4 * model.q_size + 4 * model.kv_size + drop * h
+    attn_lin = 4 * h + 4 * model.q_size + 4 * model.kv_size + drop * h - f8 * h
     scores = 0.0
     if not opts.flash_attention and opts.recompute == "none":
         scores = (4 + drop) * model.num_attention_heads * seq
-    dense = 4 * h + (fc1 + 2) * model.ffn_hidden_size + drop * h
+    dense = 4 * h + (fc1 + 2) * model.ffn_hidden_size + drop * h - f8 * (h + model.ffn_hidden_size)
     moe = 0.0
     if model.moe_layers:
-        routed = model.top_k * (4 * h + (fc1 + 2) * model.expert_ffn_hidden_size) * opts.moe_imbalance
-        shared = model.num_shared_experts * (fc1 + 2) * model.shared_ffn
+        f_e = model.expert_ffn_hidden_size
+        routed = model.top_k * (4 * h + (fc1 + 2) * f_e - f8 * (h + f_e)) * opts.moe_imbalance
+        shared = model.num_shared_experts * (fc1 + 2 - f8) * model.shared_ffn
         moe = 4 * h + 4 * model.num_experts + routed + shared + drop * h
+    if opts.recompute_mlp:  # only the block's input survives the forward
+        dense, moe = 2.0 * h, (2.0 * h if model.moe_layers else 0.0)
     return {"attn": attn_lin + scores, "linear_attn": attn_lin, "dense_mlp": dense, "moe_mlp": moe}
 
 
@@ -170,12 +225,38 @@ def layer_bytes_per_token(model: ModelConfig, opts: PlannerOptions, seq: int) ->
     return mean, largest
 
 
-def in_flight(layout: Layout, m: int) -> float:
-    """Micro-batches whose activations the first stage holds: 1F1B min(p, m); interleaved p (1 + (p-1)/(p v))."""
+def in_flight(layout: Layout, m: int, stage: int = 0) -> float:
+    """Micro-batches (in whole-stage units) whose activations pipeline stage ``stage`` = i (0-based) holds:
+    1F1B min(p - i, m); interleaved min(p + (p - 2i - 1) / v, m), i.e. Megatron's 2 (p - i - 1) + (v - 1) p warm-up
+    chunks plus one, of L / (p v) layers each (for the first stage Megatron's p (1 + (p-1)/(p v))), capped as
+    Megatron caps the warm-up at all m v chunks of the step; with m = p every stage runs all its forwards before the
+    first backward (Megatron's all-warm-up case), so every stage holds m."""
     p, v = layout.pp, layout.vpp
+    if p <= 1:
+        return 1.0
     if v > 1:
-        return p * (1 + (p - 1) / (p * v))
-    return float(min(p, m)) if p > 1 else 1.0
+        return float(m) if m == p else min(p + (p - 2 * stage - 1) / v, float(m))
+    return float(min(p - stage, m))
+
+
+def _stage_activations(
+    model: ModelConfig, batch: BatchConfig, layout: Layout, opts: PlannerOptions, m: int, stage: int
+) -> Tuple[float, float]:
+    """(activation bytes, of which embedding terms) of pipeline stage ``stage`` per GPU."""
+    t, c = layout.tp, layout.cp
+    s, b, h = batch.seq_length, batch.micro_batch, model.hidden_size
+    T = b * s / c
+    mean, largest = layer_bytes_per_token(model, opts, s)
+    n_layers = stage_layer_count(model, layout.pp, stage)
+    if opts.recompute == "full":
+        per_stage = n_layers * 2 * h * T  # each layer's input
+        working = largest * T
+    else:
+        per_stage = n_layers * mean * T
+        working = 0.0
+    flight = in_flight(layout, m, stage)
+    embed = (8 * T + (h * T if model.dropout else 0.0)) * flight if stage == 0 else 0.0  # ids, dropout mask
+    return (per_stage * flight + embed + working) / t, embed / t
 
 
 def activation_bytes(
@@ -183,23 +264,15 @@ def activation_bytes(
 ) -> Tuple[float, float, float]:
     """(first-stage activations, last-stage activations, logits) in bytes per GPU for micro-batches of
     ``batch.micro_batch`` sequences of ``batch.seq_length`` tokens."""
-    t, c = layout.tp, layout.cp
-    s, b, h = batch.seq_length, batch.micro_batch, model.hidden_size
-    T = b * s / c
-    mean, largest = layer_bytes_per_token(model, opts, s)
-    n_layers = stage_layers(model, layout.pp)
-    if opts.recompute == "full":
-        per_stage = n_layers * 2 * h * T  # each layer's input
-        working = largest * T
-    else:
-        per_stage = n_layers * mean * T
-        working = 0.0
-    embed = 8 * T + (h * T if model.dropout else 0.0)  # token ids and embedding dropout mask (Megatron)
-    first = ((per_stage + embed) * in_flight(layout, m) + working) / t
-    last = (per_stage + working) / t
+    first, _ = _stage_activations(model, batch, layout, opts, m, 0)
+    last, _ = _stage_activations(model, batch, layout, opts, m, layout.pp - 1)
+    return first, last, _logit_bytes(model, batch, layout, opts)
+
+
+def _logit_bytes(model: ModelConfig, batch: BatchConfig, layout: Layout, opts: PlannerOptions) -> float:
+    T = batch.micro_batch * batch.seq_length / layout.cp
     ce_tokens = min(T, opts.ce_chunk_tokens) if opts.chunked_ce else T
-    logits = (4 * h * T + 4 * model.vocab_size * ce_tokens) / t
-    return first, last, logits
+    return (4 * model.hidden_size * T + 4 * model.vocab_size * ce_tokens) * (1 + model.num_mtp_layers) / layout.tp
 
 
 def process_groups(model: ModelConfig, layout: Layout) -> Dict[str, int]:
@@ -215,25 +288,29 @@ def process_groups(model: ModelConfig, layout: Layout) -> Dict[str, int]:
 def memory_breakdown(
     model: ModelConfig, batch: BatchConfig, layout: Layout, opts: PlannerOptions, m: int
 ) -> MemoryBreakdown:
-    """Per-GPU memory of the most-loaded pipeline stage."""
-    first_acts, last_acts, logits = activation_bytes(model, batch, layout, opts, m)
+    """Per-GPU memory of the most-loaded pipeline stage (the first, the second and the last are compared)."""
+    p = layout.pp
+    logits = _logit_bytes(model, batch, layout, opts)
     buffers = opts.nccl_buffer_bytes * sum(1 for v in process_groups(model, layout).values() if v > 1)
     gb = 4.0 if opts.grad_dtype == "fp32" else 2.0
     n_dense, n_exp = layout.dp * layout.cp, layout.edp
-    stages = ["only"] if layout.pp == 1 else ["first", "last"]
+    stages = ["only"] if p == 1 else (["first", "middle", "last"] if p > 2 else ["first", "last"])
+    shard_w = opts.optimizer == "zero3"
+    shard_g = opts.optimizer in ("zero2", "zero3")
+    shard_o = opts.optimizer != "zero0"
     best = None
     for st in stages:
-        pd, pe = params_per_gpu(model, layout, "last" if st == "last" else "first")
-        shard_w = opts.optimizer == "zero3"
-        shard_g = opts.optimizer in ("zero2", "zero3")
-        shard_o = opts.optimizer != "zero0"
+        idx = _stage_index(p, st)
+        pd, pe = params_per_gpu(model, layout, st)
         weights = 2 * (pd / n_dense + pe / n_exp if shard_w else pd + pe)
+        fp8 = (pd + pe) if opts.fp8 else 0.0
         grads = gb * (pd / n_dense + pe / n_exp if shard_g else pd + pe)
         od = 12 * pd / (n_dense if shard_o else 1)
         oe = 12 * pe / (n_exp if shard_o else 1)
-        acts = first_acts if st != "last" else last_acts
-        lg = logits if st != "first" else 0.0
-        mb = MemoryBreakdown(weights, grads, od + oe, od, oe, acts, lg, buffers, st, pd, pe)
+        acts, embed = _stage_activations(model, batch, layout, opts, m, idx)
+        lg = logits if st in ("only", "last") else 0.0
+        mb = MemoryBreakdown(weights, grads, od + oe, od, oe, acts, lg, buffers, st, pd, pe, fp8, embed,
+                             in_flight(layout, m, idx), stage_layer_count(model, p, idx))
         if best is None or mb.total > best.total:
             best = mb
     assert best is not None

@@ -104,6 +104,16 @@ class ModelConfig:
     """Width of one shared expert; None = expert_ffn_hidden_size."""
     num_moe_layers: Optional[int] = None
     """Layers whose MLP is MoE; None = all layers when num_experts > 0, else 0."""
+    num_expert_groups: Optional[int] = None
+    """Group-limited routing [--moe-router-num-groups]: the routed experts form this many contiguous groups and a
+    token picks its top_k experts inside expert_group_topk of them (DeepSeek-V3: 8 groups, 4 chosen; with its 256
+    experts on 8 nodes a group is a node, which is the paper's node-limited routing, at most 4 nodes per token).
+    None = no groups. It bounds how many nodes an EP all-to-all sends a token to."""
+    expert_group_topk: Optional[int] = None
+    """Groups a token may route to [--moe-router-group-topk]; required with num_expert_groups."""
+    num_mtp_layers: int = 0
+    """Multi-token-prediction blocks [--mtp-num-layers] (DeepSeek-V3: 1). Each is one more transformer layer (MoE
+    when the model is) plus one more output-layer pass, on the last pipeline stage."""
     non_expert_params: Optional[float] = None
     """X: non-expert parameter count (attention, dense MLP, shared experts, embeddings, norms, router), when given
     directly instead of derived from the shapes (e.g. hybrid layers). Treated as TP-sharded."""
@@ -155,9 +165,11 @@ class ModelConfig:
         """Raise ValueError naming the first bad field."""
         _integral(self, "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "ffn_hidden_size",
                   "num_kv_heads", "head_dim", "num_attention_layers", "num_experts", "top_k",
-                  "expert_ffn_hidden_size", "num_shared_experts", "shared_expert_ffn_hidden_size", "num_moe_layers")
+                  "expert_ffn_hidden_size", "num_shared_experts", "shared_expert_ffn_hidden_size", "num_moe_layers",
+                  "num_mtp_layers", "num_expert_groups", "expert_group_topk")
         _positive(self, "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "num_kv_heads", "head_dim")
         for n in ("ffn_hidden_size", "num_experts", "top_k", "expert_ffn_hidden_size", "num_shared_experts",
+                  "num_mtp_layers",
                   "num_attention_layers", "num_moe_layers", "non_expert_params", "expert_params"):
             v = getattr(self, n)
             if v is not None and v < 0:
@@ -174,6 +186,7 @@ class ModelConfig:
             if self.expert_ffn_hidden_size <= 0 and self.expert_params is None:
                 raise ValueError(
                     "ModelConfig.expert_ffn_hidden_size is required for a MoE model (or give expert_params)")
+            self._validate_groups()
         elif self.expert_params:
             raise ValueError("ModelConfig.expert_params is set but num_experts is 0; give num_experts and top_k too")
         if self.num_experts == 0 and self.ffn_hidden_size <= 0 and self.non_expert_params is None:
@@ -181,6 +194,20 @@ class ModelConfig:
         if self.moe_layers < self.num_layers and self.ffn_hidden_size <= 0 and self.non_expert_params is None:
             raise ValueError(f"ModelConfig.ffn_hidden_size is required: {self.num_layers - self.moe_layers} layers "
                              "are dense")
+
+    def _validate_groups(self) -> None:
+        """Group-limited routing: both fields or neither, groups dividing the experts, enough experts to pick from."""
+        g, gk = self.num_expert_groups, self.expert_group_topk
+        if g is None and gk is None:
+            return
+        if g is None or gk is None or g < 1 or gk < 1:
+            raise ValueError("ModelConfig.num_expert_groups and expert_group_topk go together and must be positive, "
+                             f"got {g!r} and {gk!r}")
+        if self.num_experts % g:
+            raise ValueError(f"ModelConfig.num_expert_groups ({g}) must divide num_experts ({self.num_experts})")
+        if gk > g or gk * (self.num_experts // g) < self.top_k:
+            raise ValueError(f"ModelConfig.expert_group_topk ({gk}) must be at most num_expert_groups ({g}) and its "
+                             f"groups must hold at least top_k = {self.top_k} experts")
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any], where: str = "model") -> ModelConfig:
@@ -201,13 +228,16 @@ class ClusterConfig:
     gpus_per_node: int
     """G: GPUs per node sharing the fast intra-node fabric (NVLink)."""
     gpu_memory: float
-    """Bytes of memory per GPU (80 GB H100 = 80e9; state binary capacities as 2**30 multiples yourself)."""
+    """Bytes of memory per GPU as CUDA reports its total capacity. An "80 GB" H100 has 80 GiB of HBM3, of which
+    CUDA reports about 79.2 GiB = 85.0e9 bytes (the h100 presets); state binary capacities as 2**30 multiples."""
     peak_flops: float
     """Peak dense bf16 FLOP/s per GPU (H100 SXM 989e12)."""
     intra_node_bandwidth: float = 350e9
     """Bytes/s per GPU for collectives inside a node (bus bandwidth, nccl-tests convention)."""
     inter_node_bandwidth: float = 50e9
     """Bytes/s per GPU for collectives across nodes (one 400 Gb/s NIC per GPU = 50e9)."""
+    hbm_bandwidth: float = 3.35e12
+    """Bytes/s of GPU memory bandwidth (H100 SXM 3.35e12); prices the memory-bound (elementwise) work."""
     world_size: Optional[int] = None
     """Optional cross-check: must equal num_nodes * gpus_per_node."""
     name: str = "cluster"
@@ -221,7 +251,7 @@ class ClusterConfig:
     def validate(self) -> None:
         _integral(self, "num_nodes", "gpus_per_node", "world_size")
         _positive(self, "num_nodes", "gpus_per_node", "gpu_memory", "peak_flops", "intra_node_bandwidth",
-                  "inter_node_bandwidth", "world_size")
+                  "inter_node_bandwidth", "world_size", "hbm_bandwidth")
         if self.world_size is not None and self.world_size != self.world:
             raise ValueError(f"ClusterConfig.world_size {self.world_size} is not num_nodes x gpus_per_node = "
                              f"{self.num_nodes} x {self.gpus_per_node} = {self.world}; fix one of them")
@@ -273,6 +303,9 @@ class PlannerOptions:
     """Main-gradient dtype: 'fp32' (Megatron default with bf16 params: 6 + 12/d bytes/param) or 'bf16' (4 + 12/d)."""
     recompute: str = "selective"
     """Activation recompute: 'none', 'selective' (core attention) or 'full' (keep only each layer's input)."""
+    recompute_mlp: bool = False
+    """Also recompute the MLP / MoE block (Megatron's --recompute-modules mlp): it keeps only its 2h-byte input per
+    token and re-runs its forward (GEMMs and all-to-alls) in the backward pass."""
     flash_attention: bool = True
     """Fused attention: no a*s^2 score tensor is stored, so 'none' and 'selective' keep the same memory."""
     chunked_ce: bool = False
@@ -286,20 +319,48 @@ class PlannerOptions:
     TPxCPxDPxPP and experts ETPxEPxEDPxPP, each = W."""
     tp_in_node: bool = True
     """TP groups must stay inside a node (TP divides G)."""
-    ep_in_node: bool = True
-    """EP x ETP groups must stay inside a node (all-to-all over NVLink)."""
+    ep_in_node: bool = False
+    """EP x ETP groups must stay inside a node. Off by default: published MoE runs use EP 32-64 across nodes, and
+    the all-to-all of a group that spans nodes is priced at the inter-node bandwidth for its cross-node share."""
+    ep_dedup_nodes: bool = True
+    """Hierarchical EP dispatch (DeepEP, Megatron's HybridEP): a token crosses the network once per remote node it
+    is routed to, not once per expert; False prices every cross-node copy on the NIC."""
     allow_uneven_pp: bool = False
-    """Accept L % PP != 0 (stages get ceil(L/PP) layers; the layout is flagged 'uneven')."""
+    """Accept L % PP != 0: the middle stages get ceil(L/PP) layers and the first and last stages share the rest
+    (Megatron's --decoder-first/last-pipeline-num-layers, as Llama 3 405B did); the layout is flagged 'uneven'. A
+    split that would leave a stage without layers is rejected."""
     max_vpp: int = 1
     """Largest virtual-pipeline (interleaving) degree to enumerate; 1 = none."""
     cp_sizes: Optional[Tuple[int, ...]] = None
     """Restrict CP to these degrees (e.g. (1,) for a search without CP); None = every divisor of W."""
-    memory_headroom: float = 0.8
-    """Usable fraction of GPU memory (Fujii et al.: estimates under 80% never OOMed in 454 runs)."""
+    memory_headroom: float = 0.92
+    """Usable fraction of GPU memory. 0.92 leaves 8 % (6.8 GB of an H100's 85.0e9 bytes) for the CUDA context,
+    library workspaces (cuBLAS, Transformer Engine's TP-overlap buffers) and allocator fragmentation beyond
+    ``nccl_buffer_bytes``. It was chosen against docs/planner.md's validation table (see its calibration note):
+    every published layout except Llama 3's PP16 x V8 on 8,192 GPUs fits under it. Fujii et al.'s stricter 0.8 (no
+    OOM in 454 runs) is the safe choice for a new model."""
     nccl_buffer_bytes: float = 0.5e9
     """Communicator buffer bytes per process group of size > 1 (~0.5 GB per communicator, Fujii et al.)."""
-    mfu: float = 0.45
-    """Achieved fraction of peak_flops on the model's FLOPs (6N + attention, recompute on top)."""
+    mfu: Optional[float] = None
+    """None (default): compute time from the efficiency model (GEMM efficiency by per-GPU matrix size, attention by
+    length, grouped GEMM by tokens per expert, memory-bound work by bytes; see :mod:`dynacp.planner.efficiency`).
+    A number in (0, 1] instead prices all FLOPs at this fraction of peak (the planner's earlier constant model)."""
+    efficiency: Optional[Dict[str, float]] = None
+    """Overrides of :class:`dynacp.planner.efficiency.Efficiency` fields, e.g. ``{"gemm_max": 0.75}``."""
+    fp8: bool = False
+    """FP8 GEMMs (Transformer Engine): GEMM time / Efficiency.fp8_gemm_speedup, plus 1 B/param for the FP8 weight
+    copy; attention and the memory-bound work stay in bf16."""
+    dp_overlap: bool = True
+    """Overlap the DP gradient reduce-scatter with the last micro-batch's backward and the parameter all-gather
+    with the first forward (Megatron's --overlap-grad-reduce / --overlap-param-gather); False = fully exposed."""
+    pp_comm_overlap: bool = True
+    """With interleaving (VPP > 1) the pipeline sends and receives run asynchronously behind the next chunk's compute
+    (Megatron's --overlap-p2p-communication, which NeMo and Megatron-Bridge turn on whenever VPP > 1; the Llama 3
+    paper's asynchronous point-to-point): only the part longer than the stage's compute is exposed. Without
+    interleaving the 1F1B sends block and are always counted. False = always counted."""
+    tp_comm_overlap: bool = True
+    """TP communication overlapped with the GEMMs (Transformer Engine userbuffers, --tp-comm-overlap): only
+    Efficiency.tp_exposed of it is counted; False = fully exposed."""
     moe_imbalance: float = 1.0
     """Load on the busiest expert rank / mean (1 = uniform routing); scales routed-expert compute, memory, a2a."""
     tie_tolerance: float = 0.01
@@ -332,8 +393,13 @@ class PlannerOptions:
         _positive(self, "max_vpp", "ce_chunk_tokens", "mfu", "moe_imbalance", "sample_batches")
         if not 0 < self.memory_headroom <= 1:
             raise ValueError(f"PlannerOptions.memory_headroom must be in (0, 1], got {self.memory_headroom}")
-        if self.mfu > 1:
+        if self.mfu is not None and self.mfu > 1:
             raise ValueError(f"PlannerOptions.mfu must be in (0, 1], got {self.mfu}")
+        if self.efficiency is not None:
+            from dynacp.planner.efficiency import Efficiency
+
+            self.efficiency = dict(self.efficiency)
+            Efficiency.from_overrides(self.efficiency)
         for n in ("nccl_buffer_bytes", "tie_tolerance", "group_overhead"):
             if getattr(self, n) < 0:
                 raise ValueError(f"PlannerOptions.{n} must be >= 0, got {getattr(self, n)}")

@@ -1,0 +1,245 @@
+"""Published H100 training runs and the planner's verdict on each: feasibility, rank and predicted throughput.
+
+Each :class:`PublishedRun` is one row of a public performance table, with its source. :func:`validate` runs the
+planner on the run's model, cluster and batch, and reports whether the published layout fits, where it ranks and
+the predicted tokens/s/GPU against the published figure. ``tools/planner_validation.py`` prints the table of
+docs/planner.md; ``tests/python/test_planner_validation.py`` asserts its acceptance properties.
+
+**Rank** counts distinct parallel layouts (TP, PP, CP, EP, ETP, DP): the VPP variants of one layout are one
+candidate, represented by its best-ranked variant, so that ten interleaving degrees of the same split do not crowd
+the list. The published layout's own VPP is used for its verdict and predicted throughput (for Llama 3's Table 4,
+V = 8 as the paper's text implies).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from dynacp.planner.configs import ConfigTable, Row, configs
+from dynacp.planner.model import ClusterConfig
+
+NEMO_2407 = ("NVIDIA NeMo docs, 'Performance Benchmarks' (docs/source/performance/performance_summary.md), "
+             "pre-training, container NeMo 24.07, DGX-H100, FP8")
+BRIDGE = ("Megatron-Bridge docs/performance-summary-archive.md (NVIDIA-NeMo/Megatron-Bridge), "
+          "pre-training, DGX-H100")
+LLAMA3 = "Llama 3 paper (Grattafiori et al., arXiv 2407.21783 v3), Table 4, BF16"
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One published training configuration and its measured throughput."""
+
+    key: str
+    """Short label."""
+    model: str
+    """Planner model preset."""
+    gpus: int
+    """H100 GPUs (8 per node)."""
+    global_batch: int
+    """Sequences per step."""
+    micro_batch: int
+    """Sequences per micro-batch."""
+    seq_length: int
+    """Tokens per sequence."""
+    tp: int
+    pp: int
+    cp: int
+    vpp: Optional[int]
+    """Interleaving degree; None when the source does not give it."""
+    ep: int
+    fp8: bool
+    """FP8 GEMMs (else BF16)."""
+    tokens_per_gpu_s: float
+    """Published tokens/s/GPU (or derived, see ``derived``)."""
+    source: str
+    """Where the numbers are published."""
+    derived: str = ""
+    """How tokens/s/GPU was derived when the source gives another unit."""
+    options: Dict[str, Any] = field(default_factory=dict)
+    """Planner options that the source states (e.g. the optimizer sharding)."""
+
+
+def _llama3_tokens(tflops: float, seq: int) -> Tuple[float, str]:
+    """tokens/s/GPU from Table 4's TFLOPs/GPU, with the planner's (Megatron's) FLOP count for Llama 3 405B."""
+    from dynacp.planner.presets import model_preset
+    from dynacp.planner.timing import linear_flops_per_token, model_flops
+
+    model = model_preset("llama3.1-405b")
+    per_token = model_flops(model, 1.0, float(seq))  # 6 N + 6 h_q L s per token
+    n = sum(linear_flops_per_token(model)) / 6
+    return tflops * 1e12 / per_token, (f"{tflops:.0f} TFLOPs/GPU / {per_token / 1e12:.3f} TFLOP per token "
+                                       f"(6 x {n / 1e9:.1f}B GEMM parameters + 6 h_q L s at s = {seq:,})")
+
+
+def _nemo(*args: Any, options: Optional[Dict[str, Any]] = None) -> PublishedRun:
+    """A NeMo / Megatron-Bridge performance-table row. Their performance recipes reduce gradients in bf16
+    (``grad_reduce_in_fp32 = False`` in NeMo's performance-mode recipes) with the distributed optimizer."""
+    return PublishedRun(*args, options={"grad_dtype": "bf16", **(options or {})})
+
+
+def published_runs() -> List[PublishedRun]:
+    """The validation table's rows (H100, 8 to 16,384 GPUs, dense and MoE)."""
+    r = PublishedRun
+    # Table 4's DP is FSDP without resharding after forward (paper, Sec. 3.3.2). V = 8: "the first model chunk on
+    # the first stage has only the embedding" makes a chunk one layer, (126 + 2) / 16 = 8 chunks per rank.
+    fsdp = {"optimizer": "zero2"}
+    t8k, d8k = _llama3_tokens(430, 8192)
+    t16k, d16k = _llama3_tokens(400, 8192)
+    t128k, d128k = _llama3_tokens(380, 131072)
+    return [
+        _nemo("GPT3-5B", "gpt3-5b", 64, 2048, 4, 2048, 1, 1, 1, None, 1, True, 22521, NEMO_2407),
+        _nemo("GPT3-20B", "gpt3-20b", 64, 256, 2, 2048, 2, 1, 1, None, 1, True, 5851, NEMO_2407),
+        _nemo("GPT3-175B x128", "gpt3-175b", 128, 256, 1, 2048, 4, 8, 1, 6, 1, True, 726, NEMO_2407),
+        _nemo("GPT3-175B x512", "gpt3-175b", 512, 2048, 2, 2048, 4, 8, 1, 6, 1, True, 782, NEMO_2407),
+        _nemo("Llama2-7B", "llama2-7b", 8, 128, 1, 4096, 1, 1, 1, None, 1, True, 16847, NEMO_2407),
+        _nemo("Llama2-13B", "llama2-13b", 16, 128, 1, 4096, 1, 4, 1, 10, 1, True, 8646, NEMO_2407),
+        _nemo("Llama2-70B", "llama2-70b", 64, 128, 1, 4096, 4, 4, 1, 20, 1, True, 1707, NEMO_2407),
+        _nemo("Llama3-8B", "llama3-8b", 8, 128, 1, 8192, 1, 1, 2, None, 1, True, 12036, NEMO_2407),
+        _nemo("Llama3-70B", "llama3-70b", 64, 128, 1, 8192, 4, 4, 2, 5, 1, True, 1533, NEMO_2407),
+        _nemo("Llama3-70B PP8", "llama3-70b", 64, 128, 1, 8192, 4, 8, 1, 5, 1, True, 1619,
+          BRIDGE + ", container 25.09, FP8 (per-tensor current scaling)"),
+        _nemo("Llama3.1-405B x1024", "llama3.1-405b", 1024, 512, 1, 8192, 8, 8, 2, 8, 1, True, 302,
+          BRIDGE + ", container 25.09, FP8 (per-tensor current scaling)", options={"allow_uneven_pp": True}),
+        r("Llama3-405B x8192", "llama3.1-405b", 8192, 2048, 1, 8192, 8, 16, 1, 8, 1, False, t8k, LLAMA3,
+          d8k, {**fsdp, "allow_uneven_pp": True}),
+        r("Llama3-405B x16384", "llama3.1-405b", 16384, 2048, 1, 8192, 8, 16, 1, 8, 1, False, t16k, LLAMA3,
+          d16k, {**fsdp, "allow_uneven_pp": True}),
+        r("Llama3-405B 128K", "llama3.1-405b", 16384, 128, 1, 131072, 8, 16, 16, 8, 1, False, t128k, LLAMA3,
+          d128k, {**fsdp, "allow_uneven_pp": True}),
+        _nemo("Qwen3-30B-A3B", "qwen3-30b-a3b", 16, 1024, 1, 4096, 1, 2, 1, 12, 8, True, 5113,
+              BRIDGE + ", container 26.02, model Qwen3_30B_a3B, FP8", options={"etp": "1"}),
+        _nemo("Qwen3-235B-A22B", "qwen3-235b-a22b", 256, 8192, 1, 4096, 2, 8, 1, 4, 32, True, 1633,
+              BRIDGE + ", container 26.02, model Qwen3_235B_a22B, FP8", options={"etp": "1", "allow_uneven_pp": True}),
+        _nemo("DeepSeek-V3", "deepseek-v3", 1024, 8192, 1, 4096, 2, 8, 1, 4, 64, True, 1297,
+              BRIDGE + ", container 25.09, dropless, FP8 (128x128 / 1x128 blocks); recompute of the MLP as in "
+              "Megatron-Bridge's DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1 (recompute_modules mla_up_proj, mlp)",
+              options={"etp": "1", "allow_uneven_pp": True, "recompute_mlp": True}),
+    ]
+
+
+H100_MEMORY = 85.0e9
+"""Bytes of an "80 GB" H100: 80 GiB of HBM3, about 79.2 GiB (85.0e9 bytes) of it reported by CUDA as total capacity."""
+
+
+def h100_cluster(gpus: int) -> ClusterConfig:
+    """``gpus`` / 8 nodes of 8 H100 SXM 80 GB: 85.0e9 bytes of memory (the card has 80 GiB of HBM3, of which CUDA
+    reports about 79.2 GiB as its total capacity), 989 TFLOP/s bf16, NVLink 350 GB/s bus bandwidth (nccl-tests
+    all-gather / reduce-scatter on 8 GPUs reach 360 / 350 GB/s, /work/shared/data/profiles/h100_nccl_perf.csv), one
+    400 Gb/s NIC per GPU (50 GB/s), HBM3 3.35 TB/s."""
+    return ClusterConfig(num_nodes=gpus // 8, gpus_per_node=8, gpu_memory=H100_MEMORY, peak_flops=989e12,
+                         intra_node_bandwidth=350e9, inter_node_bandwidth=50e9, hbm_bandwidth=3.35e12,
+                         name=f"{gpus}xH100")
+
+
+@dataclass
+class Verdict:
+    """The planner's view of one published run."""
+
+    run: PublishedRun
+    feasible: bool
+    """The published layout fits and passes every rule."""
+    reason: str
+    """Why it is rejected ('' when feasible)."""
+    rank: Optional[int]
+    """1-based rank among distinct layouts (VPP variants merged), None when infeasible."""
+    predicted: float
+    """Predicted tokens/s/GPU of the published layout (also when only memory rejects it; 0 when a rule does)."""
+    best: str
+    """The planner's first choice."""
+    feasible_count: int
+    """Distinct feasible layouts."""
+    row: Optional[Row] = None
+
+    @property
+    def ratio(self) -> float:
+        """predicted / published."""
+        return self.predicted / self.run.tokens_per_gpu_s
+
+    @property
+    def passes(self) -> bool:
+        """Feasible, ranked in the top 5 distinct layouts, and predicted within +-25 % of the published figure."""
+        return self.feasible and self.rank is not None and self.rank <= 5 and 0.75 <= self.ratio <= 1.25
+
+    @property
+    def shortfall(self) -> str:
+        """Which acceptance properties fail ('' when it passes)."""
+        out = []
+        if not self.feasible:
+            out.append("rejected")
+        if self.rank is None or self.rank > 5:
+            out.append(f"rank {self.rank}")
+        if not 0.75 <= self.ratio <= 1.25:
+            out.append(f"predicted/published {self.ratio:.2f}")
+        return ", ".join(out)
+
+
+def _family(row: Row) -> Tuple[int, ...]:
+    lay = row.layout
+    return (lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp)
+
+
+def family_rank(table: ConfigTable, family: Tuple[int, ...]) -> Tuple[Optional[int], int]:
+    """(1-based rank of ``family`` among distinct feasible layouts, number of distinct feasible layouts)."""
+    seen: List[Tuple[int, ...]] = []
+    for r in table.rows:
+        if _family(r) not in seen:
+            seen.append(_family(r))
+    return (seen.index(family) + 1 if family in seen else None), len(seen)
+
+
+def validate_run(run: PublishedRun, **overrides: Any) -> Verdict:
+    """Plan ``run``'s model on its cluster and judge the published layout."""
+    max_vpp = run.vpp or 8
+    opts = {"fp8": run.fp8, "max_vpp": max_vpp, **run.options, **overrides}
+    batch = {"global_batch": run.global_batch, "micro_batch": run.micro_batch, "seq_length": run.seq_length}
+    table = configs(run.model, h100_cluster(run.gpus), batch, opts)
+    dp = run.gpus // (run.tp * run.pp * run.cp)
+    etp = 1 if run.ep > 1 else None
+    dims: Dict[str, int] = {"tp": run.tp, "pp": run.pp, "cp": run.cp, "dp": dp, "ep": run.ep}
+    if etp is not None:
+        dims["etp"] = etp
+    if run.vpp is not None:
+        dims["vpp"] = run.vpp if run.pp > 1 else 1
+    mine = table.find(**dims)
+    ok = [r for r in table.rows if r in mine]
+    best_name = table.best.layout.label(table.model.is_moe) if table.best else "-"
+    if not ok:
+        reason = mine[0].reason if mine else "not enumerated"
+        timed = [r for r in mine if r.time is not None]  # rejected by memory only: its time is still priced
+        predicted = timed[0].time.tokens_per_second if timed else 0.0
+        return Verdict(run, False, reason, None, predicted, best_name, family_rank(table, ())[1],
+                       timed[0] if timed else None)
+    row = ok[0]  # rows are ranked: the best VPP variant when the source gives none
+    rank, count = family_rank(table, _family(row))
+    assert row.time is not None
+    return Verdict(run, True, "", rank, row.time.tokens_per_second, best_name, count, row)
+
+
+def validate(runs: Optional[List[PublishedRun]] = None, **overrides: Any) -> List[Verdict]:
+    """Verdicts on ``runs`` (default: :func:`published_runs`)."""
+    return [validate_run(r, **overrides) for r in (runs or published_runs())]
+
+
+def markdown(verdicts: List[Verdict]) -> str:
+    """The validation table as Markdown."""
+    lines = [
+        "| run | GPUs | model | layout (TP/PP×VPP/CP/EP/DP) | GBS × seq (mbs) | prec | published tok/s/GPU | "
+        "predicted | pred/pub | verdict | rank | planner's first choice |",
+        "|---|---:|---|---|---|---|---:|---:|---:|---|---:|---|",
+    ]
+    for v in verdicts:
+        r = v.run
+        dp = r.gpus // (r.tp * r.pp * r.cp)
+        vpp = v.row.layout.vpp if v.row is not None else (r.vpp or 1)
+        lay = f"{r.tp}/{r.pp}" + (f"×{vpp}" if vpp > 1 else "") + f"/{r.cp}/{r.ep}/{dp}"
+        verdict = "feasible" if v.feasible else f"rejected: {v.reason}"
+        lines.append(
+            f"| {r.key} | {r.gpus:,} | {r.model} | {lay} | {r.global_batch} × {r.seq_length} ({r.micro_batch}) | "
+            f"{'FP8' if r.fp8 else 'BF16'} | {r.tokens_per_gpu_s:,.0f} | {v.predicted:,.0f} | {v.ratio:.2f} | "
+            f"{verdict} | {v.rank if v.rank else '-'} of {v.feasible_count} | {v.best} |")
+    return "\n".join(lines)
+
+
+__all__ = ["H100_MEMORY", "PublishedRun", "Verdict", "family_rank", "h100_cluster", "markdown", "published_runs", "validate",
+           "validate_run"]

@@ -1,0 +1,78 @@
+"""Issue 22 acceptance: the planner against published H100 training runs (docs/planner.md, "Validation against
+published runs"). Every row must be feasible, rank in the top 5 distinct layouts and be predicted within +-25 % of
+the published tokens/s/GPU; the rows that do not are listed in KNOWN_SHORTFALLS with the reason, as strict xfails
+(they fail the test suite the moment they start to pass, so the list cannot go stale)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from dynacp.planner import validation as V
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# run key -> why the planner does not confirm it (kept in sync with docs/planner.md)
+KNOWN_SHORTFALLS = {
+    "Llama3-405B x8192": "memory: Megatron's interleaved warm-up (N = PP = 16 micro-batches per round, V = 8) puts "
+                         "17.6 stage micro-batches on the second stage, 83.8 GB > 78.2 GB usable; the paper's "
+                         "schedule changes do not say how Meta's fit (predicted 1.05x were it to fit)",
+    "DeepSeek-V3": "ranks 8th: the planner predicts TP2/PP4x4/EP32 5.8 % and TP2/PP8x4/EP32 3.9 % faster than "
+                   "the published EP64 (predicted 1.15x)",
+}
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> Dict[str, V.Verdict]:
+    return {v.run.key: v for v in V.validate()}
+
+
+def _rows() -> List:
+    out = []
+    for run in V.published_runs():
+        marks = []
+        if run.key in KNOWN_SHORTFALLS:
+            marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_SHORTFALLS[run.key]))
+        out.append(pytest.param(run.key, marks=marks, id=run.key))
+    return out
+
+
+@pytest.mark.parametrize("key", _rows())
+def test_published_layout_is_feasible_top5_and_within_25_percent(verdicts, key: str) -> None:
+    v = verdicts[key]
+    assert v.feasible, v.reason
+    assert v.rank is not None and v.rank <= 5, f"rank {v.rank} of {v.feasible_count}; first choice {v.best}"
+    assert 0.75 <= v.ratio <= 1.25, f"predicted {v.predicted:.0f} vs published {v.run.tokens_per_gpu_s:.0f}"
+
+
+def test_table_covers_dense_and_moe_from_8_to_16384_gpus(verdicts) -> None:
+    runs = [v.run for v in verdicts.values()]
+    assert min(r.gpus for r in runs) == 8 and max(r.gpus for r in runs) == 16384
+    moe = [r for r in runs if r.ep > 1]
+    assert len(moe) >= 3 and len(runs) - len(moe) >= 12
+    assert all(r.source for r in runs)
+    # the converted figures say how: Llama 3's TFLOPs/GPU through the planner's FLOP count
+    assert all("TFLOPs/GPU" in r.derived for r in runs if "Llama 3 paper" in r.source)
+    passing = [v for v in verdicts.values() if v.passes]
+    assert len(passing) >= 15
+    assert set(verdicts) - {v.run.key for v in passing} == set(KNOWN_SHORTFALLS)
+
+
+def test_llama3_table4_conversion() -> None:
+    """430 TFLOPs/GPU at 8K: 6 x 405B-ish GEMM parameters plus causal attention is ~2.52 TFLOP per token."""
+    tokens, text = V._llama3_tokens(430, 8192)
+    assert tokens == pytest.approx(430e12 / 2.524e12, rel=1e-3)
+    assert "2.524 TFLOP per token" in text
+
+
+def test_docs_table_is_the_generated_one(verdicts) -> None:
+    """docs/planner.md holds exactly what tools/planner_validation.py prints."""
+    doc = (ROOT / "docs" / "planner.md").read_text()
+    table = V.markdown(list(verdicts.values()))
+    assert table in doc
+    assert "python3 tools/planner_validation.py" in doc
+    for key in KNOWN_SHORTFALLS:
+        assert re.search(re.escape(key), doc), key
