@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds the C++ core and its tests with AddressSanitizer and UndefinedBehaviorSanitizer (no Python module, no CUDA)
+# and runs CTest there. Any sanitizer report fails the run: ASan aborts on the first error, UBSan is made fatal.
+# Needs the packages scripts/setup.sh installs (compiler, CMake, Ninja, GoogleTest, Eigen, spdlog).
+#   bash scripts/sanitize.sh            # build-asan/, then ctest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${DYNACP_ASAN_BUILD:-build-asan}
+flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDYNACP_BUILD_PYTHON=OFF -DDYNACP_BUILD_TESTS=ON \
+      -DDYNACP_BUILD_BENCHMARKS=OFF -DDYNACP_CUDA=OFF \
+      -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+cmake --build "$build" -j"$(nproc)"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
