@@ -6,7 +6,8 @@ Each global batch holds ``--samples`` sequences of long-tailed lengths (log-norm
 microbatch, so long sequences run on CP groups of 2 or more ranks. For every rank and global batch this prints what
 ``GlobalBatch.reroute`` counts (bytes sent and received, messages, the wrapper's accounted peak) and what the
 process's resident memory measured: the rise of the peak RSS (``VmHWM``, reset through ``/proc/self/clear_refs``)
-over the RSS at the start of the re-route, from cutting the send buffers to the last microbatch built; the
+over the RSS at the start of the re-route, from cutting the send buffers to the last microbatch built (after one
+warm-up global batch, whose first-use allocations of torch and Python are not the re-route's); the
 microbatches handed out are included there, the input samples are not. glibc is told to serve every allocation over
 64 KiB by mmap (``MALLOC_MMAP_THRESHOLD_``), so freed buffers leave the RSS and the peak is the buffers' own.
 
@@ -71,8 +72,10 @@ def _worker(rank: int, world: int, port: int, out: str, samples: int, steps: int
                       cost=dynacp.CostModel(mem_per_token=1.0), async_planning=False, timeout=120)
     w = Measured(stream(), planner=planner, groups=groups, num_samples=per)
     rows = []
-    for _ in range(steps):
+    for step in range(steps + 1):
         b = w.next_global_batch()
+        if step == 0:  # warm-up: first-use allocations of torch and Python (up to a few MiB), not the re-route's
+            continue
         r = b.reroute
         held = sum(mb["num_local_tokens"] for mb in b.microbatches)
         rows.append((b.seqlen_sum, held, r.bytes_sent, r.bytes_received, r.messages_sent, r.messages_received,
@@ -106,7 +109,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=64, help="sequences per global batch (whole pool)")
     ap.add_argument("--per-rank", action="store_true", help="--samples counts sequences per rank instead (the load "
                     "per rank stays the same as the pool grows)")
-    ap.add_argument("--steps", type=int, default=5, help="global batches per run")
+    ap.add_argument("--steps", type=int, default=5, help="global batches measured per run (after one warm-up batch)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # inherited by the spawned ranks
@@ -115,7 +118,7 @@ def main() -> None:
     print(f"{args.samples} sequences {what}, {args.steps} global batches, every value per rank and batch\n")
     print("| ranks | tokens/batch (mean) | rows held (mean / max) | sent MiB (mean / max) | received MiB (mean / max) "
           "| messages out+in (max) | accounted peak MiB (max) | accounted peak + output MiB (max) | measured RSS rise MiB "
-          "(max) | measured / (rows held x 40 B) (max) | largest CP degree |")
+          "(mean / max) | measured / (rows held x 40 B) (max) | largest CP degree |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for world in args.ranks:
         samples = args.samples * world if args.per_rank else args.samples
@@ -128,7 +131,8 @@ def main() -> None:
               f"{statistics.mean(sent):.2f} / {max(sent):.2f} | {statistics.mean(recv):.2f} / {max(recv):.2f} | "
               f"{max(r[4] + r[5] for r in res)} | {max(r[6] for r in res) / mib:.2f} | "
               f"{max(r[6] + r[7] for r in res) / mib:.2f} | "
-              f"{max(r[8] for r in res) / mib:.2f} | {ratio:.2f} | {max(r[9] for r in res)} |", flush=True)
+              f"{statistics.mean(r[8] for r in res) / mib:.2f} / {max(r[8] for r in res) / mib:.2f} | {ratio:.2f} | "
+              f"{max(r[9] for r in res)} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -435,7 +435,8 @@ class DynamicCPDataIterator:
         flat = np.asarray([n for ls in pending.lengths for n in ls], dtype=np.int64)
         pending.future = self._executor.submit(self._solve, flat) if flat.size else None
         if pending.future is not None and not self.planner.async_planning:
-            concurrent.futures.wait([pending.future])  # errors are reported in the plan status exchange
+            # errors (and a solver slower than the timeout) are reported in the plan status exchange
+            concurrent.futures.wait([pending.future], timeout=self.planner.timeout)
         pending.gather_s = time.perf_counter() - t0
         return pending
 
