@@ -159,9 +159,10 @@ SCENARIOS = [
 ]
 
 
-def _fail_scenario(rank: int, groups, kind: str, bad_rank: int, bad_step: int, async_planning: bool) -> dict:
+def _fail_scenario(rank: int, groups, stages_read: bool, kind: str, bad_rank: int, bad_step: int,
+                   async_planning: bool) -> dict:
     pool, per = groups.pool_size, 3
-    reads = groups.tp_rank == 0 and groups.pp_rank == 0
+    reads = groups.tp_rank == 0 and (groups.pp_rank == 0 or stages_read)
     samples = [s for step in range(2) for s in rank_share(make_global_batch(BATCHES[step], seed=step),
                                                           groups.pool_index, pool)[:per]]
     bad = rank == bad_rank and kind != "planning"
@@ -190,10 +191,11 @@ def _fail_scenario(rank: int, groups, kind: str, bad_rank: int, bad_step: int, a
     return {"done": done, "step": None}
 
 
-def _fail_worker(rank: int, world: int, out_dir: str, scenarios: list, tp: int, pp: int) -> dict:
+def _fail_worker(rank: int, world: int, out_dir: str, scenarios: list, tp: int, pp: int,
+                 stages_read: bool = False) -> dict:
     """Every scenario in turn on the same processes: the failing rank carries on (alive) to the next one."""
     groups = make_process_groups(tp_size=tp, pp_size=pp, timeout=datetime.timedelta(seconds=SLOW_TIMEOUT_S))
-    return {"scenarios": [_fail_scenario(rank, groups, *sc[:4]) for sc in scenarios]}
+    return {"scenarios": [_fail_scenario(rank, groups, stages_read, *sc[:4]) for sc in scenarios]}
 
 
 def _check_failed_together(results: dict, scenarios: list, tp: int, pp: int) -> None:
@@ -212,7 +214,7 @@ def _check_failed_together(results: dict, scenarios: list, tp: int, pp: int) -> 
             values.append(v)
         assert len({v["error"] for v in values}) == 1, [v["error"] for v in values]
         msg = values[0]["error"]
-        pool_rank = bad_rank // tp if pp == 1 else 0
+        pool_rank = (bad_rank // tp) % (4 // (tp * pp))
         assert f"pool rank {pool_rank} (global rank {bad_rank}), {cause}" in msg, msg
         assert f"global batch {bad_step} failed on 1 of" in msg, msg
         assert [f.global_rank for f in values[bad_rank]["failures"]] == [bad_rank]
@@ -233,6 +235,14 @@ def test_failure_reaches_tp_peers_and_later_pipeline_stages():
     scenarios = [("bad_sample", 0, 1, True, "bad input: item 1 of the global batch: ValueError: 'labels' has")]
     results = run_ranks(_fail_worker, deadline=90, scenarios=scenarios, tp=2, pp=2)
     _check_failed_together(results, scenarios, tp=2, pp=2)
+
+
+def test_failure_of_a_later_stage_reaches_stage_0():
+    """tp = 1, pp = 2, both stages read the same data and plan: stage 1's iterator error (global rank 2, pool rank
+    0 of stage 1's pool) makes stage 0's pool raise the same error too, within 10 s."""
+    scenarios = [("iterator", 2, 1, True, "data iterator: OSError: shard 7 is unreadable")]
+    results = run_ranks(_fail_worker, deadline=90, scenarios=scenarios, tp=1, pp=2, stages_read=True)
+    _check_failed_together(results, scenarios, tp=1, pp=2)
 
 
 def test_failure_message_lists_every_failing_rank():

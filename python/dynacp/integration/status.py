@@ -50,7 +50,7 @@ class RankFailedError(RuntimeError):
         self.batch = batch
         """Index of the global batch that failed (0-based, counted by this wrapper)."""
         self.failures = list(failures)
-        """The failing ranks, by pool rank (empty on ranks that learnt the error from a broadcast)."""
+        """The failing ranks, by pool rank."""
 
     @classmethod
     def from_failures(cls, batch: int, failures: Sequence[Failure], pool_size: int) -> RankFailedError:
@@ -143,16 +143,20 @@ class Timed:
 _KINDS = ("RankFailedError", "PlanMismatchError", "CommunicationError")
 
 
-def encode_failure(exc: BaseException) -> tuple[str, str]:
-    """``(kind, message)`` of an error a data-reading rank passes on to its TP peers and later pipeline stages."""
+def encode_failure(exc: BaseException) -> tuple:
+    """A picklable form of an error a data-reading rank passes on to its TP peers and the other pipeline stages:
+    ``(kind, message, batch, failures)``."""
     kind = type(exc).__name__
     if kind in _KINDS:
-        return kind, str(exc)
-    return "RankFailedError", f"dynacp: the data-reading rank {dist.get_rank()} failed: {failure_cause(exc)}"
+        return kind, str(exc), getattr(exc, "batch", -1), list(getattr(exc, "failures", []))
+    return ("RankFailedError", f"dynacp: the data-reading rank {dist.get_rank()} failed: {failure_cause(exc)}", -1,
+            [])
 
 
-def decode_failure(kind: str, message: str) -> RuntimeError:
-    """The error a receiving rank raises for ``encode_failure``'s output (same type and message)."""
-    cls = {"PlanMismatchError": PlanMismatchError, "CommunicationError": CommunicationError}.get(kind,
-                                                                                             RankFailedError)
-    return cls(message)
+def decode_failure(kind: str, message: str, batch: int = -1, failures: Sequence[Failure] = ()) -> RuntimeError:
+    """The error a receiving rank raises for ``encode_failure``'s output (same type, message and failures)."""
+    if kind == "PlanMismatchError":
+        return PlanMismatchError(message)
+    if kind == "CommunicationError":
+        return CommunicationError(message)
+    return RankFailedError(message, batch, failures)

@@ -325,11 +325,9 @@ class DynamicCPDataIterator:
             if batch is None:
                 return None
             self._attach_groups(batch)
-        except Exception as exc:
-            self._failed = failure or exc
+        except Exception as exc:  # the failure decided above, the same on every rank (or a lost peer)
+            self._failed = exc
             self.close()
-            if failure is not None and exc is not failure:
-                raise failure from None
             raise
         batch.reroute_s = time.perf_counter() - t0 - batch.plan_wait_s
         self.total_plan_wait_s += batch.plan_wait_s
@@ -618,16 +616,23 @@ class DynamicCPDataIterator:
     # -- metadata sharing (PP stages, TP peers) ----------------------------------------------------------------------
 
     def _share_metadata(self, batch: Optional[GlobalBatch], failure: Optional[BaseException]) -> Optional[GlobalBatch]:
-        """Pass the batch's metadata (or the failure) on to later pipeline stages and TP peers; raises the failure,
-        this rank's own or the one it received, after passing it on."""
+        """Pass the batch's metadata (or the failure) on to later pipeline stages and TP peers; raises the failure
+        after passing it on: the first failing pipeline stage's when there is a PP group, else this rank's own or
+        the one its TP rank 0 sent."""
         g = self.groups
         if g.pp is not None and g.tp_rank == 0:
             try:
-                batch = self._pp_exchange(batch, failure)
-            except Exception as exc:  # stage 0's failure or a digest mismatch: TP peers must hear of it too
+                batch, staged = self._pp_exchange(batch, failure)
+                failure = staged or failure  # the first failing stage's error, the same on every stage
+            except Exception as exc:  # a digest mismatch or a lost stage: TP peers must hear of it too
                 failure, batch = failure or exc, None
         if g.tp is not None:
-            batch = self._tp_exchange(batch, failure)
+            try:
+                batch = self._tp_exchange(batch, failure)
+            except Exception:
+                if failure is None:
+                    raise
+                # a TP peer is lost too; the failure being passed on is the error to raise
         if failure is not None:
             raise failure
         return batch
@@ -656,33 +661,36 @@ class DynamicCPDataIterator:
                            rings=[tuple(r) for r in s["rings"]], plan_wait_s=s["plan_wait_s"],
                            plan_solve_s=s["plan_solve_s"], skipped_empty=sum(skipped), skipped_empty_per_rank=skipped)
 
-    def _pp_exchange(self, batch: Optional[GlobalBatch], failure: Optional[BaseException]) -> Optional[GlobalBatch]:
-        """Stage 0 (TP rank 0) ships the packing metadata of its microbatches over the PP group: per-microbatch
-        metadata through the runtime codec (``dynacp.torch.broadcast_packing``, int64, checksummed), the batch-level
-        scalars and the plan's rings in one int64 side tensor. Stages with their own data check the digest. A
-        failure of stage 0 travels in the side tensor instead, and every stage raises it."""
+    def _pp_exchange(self, batch: Optional[GlobalBatch], failure: Optional[BaseException]
+                     ) -> tuple[Optional[GlobalBatch], Optional[RuntimeError]]:
+        """Pipeline stages first all-gather their status (TP rank 0 of each stage): when any stage failed, every
+        stage gets the first failing stage's error back (second element) and nothing else moves. Otherwise stage 0
+        ships the packing metadata of its microbatches over the PP group: per-microbatch metadata through the runtime
+        codec (``dynacp.torch.broadcast_packing``, int64, checksummed), the batch-level scalars and the plan's rings in
+        one int64 side tensor. Stages with their own data check the digest."""
         g = self.groups
         src = g.pp_rank == 0
         timed = Timed(self.planner.timeout, "the pipeline group")
-        side = (_encode_failure_side(failure) if failure is not None else _encode_side(batch)) if src else None
-        side = _broadcast_int64(side, g.pp_src, g.pp, timed, "the pipeline metadata broadcast")
+        statuses = timed.gather_objects(None if failure is None else encode_failure(failure), g.pp,
+                                        "the pipeline status all-gather")
+        first = next((s for s in statuses if s is not None), None)
+        if first is not None:
+            return None, decode_failure(*first)
+        side = _broadcast_int64(_encode_side(batch) if src else None, g.pp_src, g.pp, timed,
+                                "the pipeline metadata broadcast")
         if side[0] == 0:  # stage 0 ran out of data
-            return None
-        if side[0] < 0:
-            if src:
-                return None
-            raise _decode_failure_side(side)
+            return None, None
         mbs = batch.microbatches if src else None
         received = self._pp_microbatch_meta(mbs, src, timed)
         if src:
-            return batch
+            return batch, None
         decoded = _decode_side(side, received)
         if batch is None:
-            return decoded
+            return decoded, None
         if decoded.digest != batch.digest:
             raise PlanMismatchError(f"dynacp: pipeline stage {g.pp_rank} planned digest {batch.digest:#018x}, stage 0 "
                                     f"{decoded.digest:#018x}")
-        return batch
+        return batch, None
 
     def _pp_microbatch_meta(self, mbs: Optional[list[dict]], src: bool, timed: Timed) -> list:
         g = self.groups
@@ -745,20 +753,6 @@ def _codec():
 
 def _signed64(x: int) -> int:
     return ((int(x) + (1 << 63)) % (1 << 64)) - (1 << 63)
-
-
-_FAILURE_KINDS = ("RankFailedError", "PlanMismatchError", "CommunicationError")
-
-
-def _encode_failure_side(failure: BaseException) -> torch.Tensor:
-    """``[-1, kind, message bytes...]``: stage 0's failure for the other pipeline stages."""
-    kind, message = encode_failure(failure)
-    return torch.tensor([-1, _FAILURE_KINDS.index(kind), *message.encode()], dtype=torch.int64)
-
-
-def _decode_failure_side(side: torch.Tensor) -> RuntimeError:
-    v = side.tolist()
-    return decode_failure(_FAILURE_KINDS[v[1]], bytes(v[2:]).decode())
 
 
 def _encode_side(batch: Optional[GlobalBatch]) -> torch.Tensor:
