@@ -15,8 +15,9 @@ Flow per global batch (on the ranks that read data: TP rank 0 of a stage that ha
 4. re-route: each sample's owner cuts the zigzag slice every member of its CP group needs and sends it point to
    point (``isend``/``irecv`` over the pool group, one message per rank pair that has rows to move), so only needed
    rows travel;
-5. stage 0 broadcasts the packing metadata over the PP group; TP rank 0 broadcasts metadata and tensors to its TP
-   peers (or the error, so they raise it too); every rank creates the CP groups of new rings
+5. pipeline stages all-gather their status (any stage's error is raised by every stage), then stage 0 broadcasts
+   the packing metadata over the PP group; TP rank 0 broadcasts metadata and tensors to its TP peers (or the error,
+   so they raise it too); every rank creates the CP groups of new rings
    (:class:`~dynacp.integration.config.CPGroupPool`).
 
 Every wait has a timeout (``Planner.timeout``; see :mod:`dynacp.integration.status`).
