@@ -282,14 +282,15 @@ def test_planner_checks_its_policies():
 
 
 class _KillingIterator(DynamicCPDataIterator):
-    """Kills its own process (SIGKILL) at a chosen point of global batch 1."""
+    """Kills (or stops) its own process at a chosen point of global batch 1 (``"groups"``: before creating the CP
+    groups of global batch 0, the first ones)."""
 
     kill_at = ""
     out_dir = ""
     sig = signal.SIGKILL
 
     def _die(self, point: str) -> None:
-        if self.kill_at == point and self.steps == 1:
+        if self.kill_at == point and self.steps == (0 if point == "groups" else 1):
             with open(os.path.join(self.out_dir, f"kill-{dist.get_rank()}"), "w") as f:
                 f.write(repr(time.time()))
             os.kill(os.getpid(), self.sig)
@@ -301,6 +302,10 @@ class _KillingIterator(DynamicCPDataIterator):
     def _exchange_samples(self, route):
         self._die("re-route")
         return super()._exchange_samples(route)
+
+    def _attach_groups(self, batch):
+        self._die("groups")
+        return super()._attach_groups(batch)
 
 
 def _kill_worker(rank: int, world: int, out_dir: str, victim: int, point: str, sig: int) -> dict:
@@ -316,12 +321,13 @@ def _kill_worker(rank: int, world: int, out_dir: str, victim: int, point: str, s
 
 
 @pytest.mark.parametrize("point,sig", [("reading", signal.SIGKILL), ("re-route", signal.SIGKILL),
-                                       ("re-route", signal.SIGSTOP)])
+                                       ("re-route", signal.SIGSTOP), ("groups", signal.SIGSTOP)])
 def test_killed_rank_makes_the_others_raise_within_the_timeout(point, sig):
     """Rank 3 is SIGKILLed in global batch 1 (while reading its data, or between the plan check and the sample
     exchange): ranks 0-2 raise CommunicationError within the 4 s timeout (plus 2 s of scheduling slack); gloo sees
-    the closed connection at once. SIGSTOP (a rank that hangs with its connections open) shows the timeout itself:
-    the others raise after 4 s, not before."""
+    the closed connection at once. SIGSTOP (a rank that hangs with its connections open) shows the timeouts
+    themselves: the others raise after 4 s, not before, in the p2p waits of the re-route or in creating CP groups
+    (``new_group(timeout=...)``; those raise on the ranks that reach it, the others in their next exchange)."""
     results = run_ranks(_kill_worker, deadline=60, expect=(0, 1, 2), victim=3,
                         point=point, sig=int(sig))
     killed_at = results["killed_at"][3]
