@@ -392,7 +392,10 @@ def _empty_worker(rank: int, world: int, out_dir: str) -> dict:
     finalize_grads(model.parameters(), groups, batch.num_valid_tokens)
     return {"grads": {n: q.grad.clone() for n, q in model.named_parameters()}, "skipped": batch.skipped_empty,
             "per_rank": batch.skipped_empty_per_rank, "total": w.total_skipped_empty, "logs": records,
-            "seqlen_sum": batch.seqlen_sum, "degrees": sorted({len(r) for r in batch.rings})}
+            "seqlen_sum": batch.seqlen_sum, "degrees": sorted({len(r) for r in batch.rings}),
+            "reroute": dataclasses.asdict(batch.reroute), "held": sum(mb["num_local_tokens"] for mb in batch.microbatches),
+            "field_bytes": sum(mb[k].nbytes for mb in batch.microbatches
+                               for k in ("tokens", "labels", "loss_mask", "position_ids", "sequence_ids"))}
 
 
 def _reference_grads(batch: list[dict]) -> dict[str, torch.Tensor]:
@@ -407,10 +410,23 @@ def _reference_grads(batch: list[dict]) -> dict[str, torch.Tensor]:
     return {n: q.grad.clone() for n, q in model.named_parameters()}
 
 
+def _check_reroute_stats(values: list[dict]) -> None:
+    """GlobalBatch.reroute adds up: what is sent is received, a rank's held rows are its received and kept rows (40
+    bytes each), the peak is the receive buffer plus the send buffers, at most one message per peer each way."""
+    stats = [v["reroute"] for v in values]
+    assert sum(s["bytes_sent"] for s in stats) == sum(s["bytes_received"] for s in stats) > 0
+    assert sum(s["messages_sent"] for s in stats) == sum(s["messages_received"] for s in stats)
+    for v, s in zip(values, stats):
+        assert s["bytes_received"] + s["local_bytes"] == v["held"] * 40
+        assert s["peak_bytes"] == v["held"] * 40 + s["bytes_sent"]
+        assert s["messages_sent"] <= 3 and s["messages_received"] <= 3
+        assert s["output_bytes"] == v["field_bytes"]
+
+
 def test_empty_samples_are_skipped_counted_and_the_gradient_is_unchanged():
     """Four empty samples (one an empty segment of a packed item) on three ranks: no rank fails, every rank reports
     4 skipped ([1, 0, 1, 2] by pool rank), pool rank 0 logs it, and the gradient equals the single-process
-    reference over the non-empty sequences (fp32, 1e-5 relative)."""
+    reference over the non-empty sequences (fp32, 1e-5 relative). The re-route's counters add up."""
     results = run_ranks(_empty_worker, deadline=90)
     ref_batch = _global_empty_batch()
     ref = _reference_grads(ref_batch)
@@ -424,6 +440,7 @@ def test_empty_samples_are_skipped_counted_and_the_gradient_is_unchanged():
         for name, g in ref.items():
             err = _rel_err(v["grads"][name], g)
             assert err < RTOL, f"rank {r} grad {name}: rel err {err:.2e}"
+    _check_reroute_stats([results[r]["value"] for r in range(4)])
     logs = results[0]["value"]["logs"]
     assert any("skipped 4 empty sample(s) (per pool rank: [1, 0, 1, 2]" in m for m in logs), logs
     assert not results[1]["value"]["logs"], "only pool rank 0 logs the count"
