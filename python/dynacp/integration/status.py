@@ -93,9 +93,11 @@ class Timed:
         """Wait for ``work`` (an async collective or p2p request) at most ``timeout_s`` seconds."""
         started = time.monotonic() if started is None else started
         try:
-            work.wait(datetime.timedelta(seconds=self.timeout_s))
+            done = work.wait(datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as exc:
             raise self.error(what, started, exc) from exc
+        if done is False:  # a backend that reports a timeout instead of raising
+            raise self.error(what, started, TimeoutError(f"not complete after {self.timeout_s:g} s"))
 
     def error(self, what: str, started: float, exc: BaseException) -> CommunicationError:
         waited = time.monotonic() - started
