@@ -321,7 +321,8 @@ def _kill_worker(rank: int, world: int, out_dir: str, victim: int, point: str, s
 
 
 @pytest.mark.parametrize("point,sig", [("reading", signal.SIGKILL), ("re-route", signal.SIGKILL),
-                                       ("re-route", signal.SIGSTOP), ("groups", signal.SIGSTOP)])
+                                       ("re-route", signal.SIGSTOP), ("groups", signal.SIGSTOP)],
+                         ids=["kill-reading", "kill-reroute", "stop-reroute", "stop-groups"])
 def test_killed_rank_makes_the_others_raise_within_the_timeout(point, sig):
     """Rank 3 is SIGKILLed in global batch 1 (while reading its data, or between the plan check and the sample
     exchange): ranks 0-2 raise CommunicationError within the 4 s timeout (plus 2 s of scheduling slack); gloo sees
