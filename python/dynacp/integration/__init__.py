@@ -11,18 +11,21 @@ from dynacp.integration.config import CPGroupPool, Planner, ProcessGroups, make_
 from dynacp.integration.layout import padded_length, zigzag_chunk_rows, zigzag_global_rows, zigzag_rows
 from dynacp.integration.loss import finalize_grads, gpt_flops, masked_token_loss, reduce_num_tokens, report_loss
 from dynacp.integration.packed import PackedSeqParams, make_packed_seq_params, megatron_packed_seq_params_class
+from dynacp.integration.status import CommunicationError, Failure, RankFailedError
 from dynacp.integration.wrapper import (
     FIELDS,
     DynamicCPDataIterator,
     GlobalBatch,
     PlanMismatchError,
+    RerouteStats,
     get_wrapper,
     split_samples,
     wrap_data_iterator,
 )
 
 __all__ = [
-    "CPGroupPool", "DynamicCPDataIterator", "FIELDS", "GlobalBatch", "PackedSeqParams", "PlanMismatchError", "Planner", "ProcessGroups",
+    "CPGroupPool", "CommunicationError", "DynamicCPDataIterator", "FIELDS", "Failure", "GlobalBatch", "PackedSeqParams",
+    "PlanMismatchError", "Planner", "ProcessGroups", "RankFailedError", "RerouteStats",
     "allgather_kv_attention", "cp_attention", "finalize_grads", "get_wrapper", "gpt_flops", "make_process_groups",
     "make_packed_seq_params", "masked_token_loss", "megatron_packed_seq_params_class", "padded_length", "reduce_num_tokens", "reference_attention", "report_loss",
     "ring_attention_available", "split_samples", "wrap_data_iterator", "zigzag_chunk_rows", "zigzag_global_rows", "zigzag_rows",

@@ -7,6 +7,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -14,6 +15,7 @@ import numpy as np
 import torch.distributed as dist
 
 import dynacp
+from dynacp.integration.status import Timed
 
 
 @dataclass
@@ -44,15 +46,32 @@ class Planner:
     slowest part, up to about a second per global batch at 64 ranks, pp = 4. The loop never reads the bound, so it
     is off; the plan is the same either way (see :func:`dynacp.plan`)."""
     timeout: float = 300.0
-    """Seconds any collective of the wrapper may take (group creation, p2p, object gathers) before failing."""
+    """Seconds any single wait of the wrapper may take before it raises
+    :class:`~dynacp.integration.status.CommunicationError`: the status and length gathers, the plan check, every
+    ``isend``/``irecv`` of the re-route, the TP and PP broadcasts, and the wait for the solver. (CP group creation
+    runs under ``ProcessGroups.timeout``, the timeout the groups were created with.) A rank that raises while it is
+    still alive is not waited for: its error reaches every rank in the next status exchange."""
+    empty_samples: str = "skip"
+    """What to do with a sample of 0 tokens (an empty document, or an empty segment of a packed item):
+    ``"skip"`` (default) leaves it out of the global batch, counts it in ``GlobalBatch.skipped_empty`` and logs the
+    count on the ``dynacp`` logger; ``"error"`` makes every rank raise
+    :class:`~dynacp.integration.status.RankFailedError` naming the rank and the sample."""
     async_planning: bool = True
     """Plan global batch k+1 in a background thread while batch k trains (reads the next batch's samples one
     global batch ahead). ``False`` plans synchronously inside each call."""
     check_plan: bool = True
-    """Compare the plan digest and config fingerprint across the pool every global batch (one small all-gather)."""
+    """Compare the plan digest and config fingerprint across the pool every global batch. The all-gather that
+    carries them runs either way: it is also the status exchange that makes a rank's planning error fail every
+    rank together."""
     plan_fn: Optional[Callable[[np.ndarray], dynacp.Plan]] = None
     """Override: a deterministic function of the int64 lengths array returning a Plan (custom schedulers, tests).
     It must be deterministic and identical on every rank; the digest check still applies."""
+
+    def __post_init__(self) -> None:
+        if self.empty_samples not in ("skip", "error"):
+            raise ValueError(f"Planner.empty_samples must be 'skip' or 'error', got {self.empty_samples!r}")
+        if not self.timeout > 0:
+            raise ValueError(f"Planner.timeout must be > 0 seconds, got {self.timeout}")
 
     def resolved_cluster(self, pool_size: int) -> dynacp.Cluster:
         """The cluster to plan with, checked against the pool size."""
@@ -76,7 +95,7 @@ class Planner:
             "strategy": self.strategy,
             "cluster": None if self.cluster is None else dict(self.cluster.to_dict()),
             "cost": None if self.cost is None else dict(self.cost.to_dict()),
-            "pp": self.pp, "vpp": self.vpp, "count_policy": self.count_policy,
+            "pp": self.pp, "vpp": self.vpp, "count_policy": self.count_policy, "empty_samples": self.empty_samples,
             "plan_fn": None if self.plan_fn is None else getattr(self.plan_fn, "__qualname__", repr(self.plan_fn)),
         }
         return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -84,6 +103,7 @@ class Planner:
     def describe(self) -> dict:
         """Plain-dict view for error messages and logs."""
         return {"strategy": self.strategy, "pp": self.pp, "vpp": self.vpp, "count_policy": self.count_policy,
+                "empty_samples": self.empty_samples,
                 "cluster": None if self.cluster is None else dict(self.cluster.to_dict()),
                 "cost": None if self.cost is None else {k: v for k, v in dict(self.cost.to_dict()).items()
                                                          if k not in ("name", "source")}}
@@ -114,7 +134,13 @@ class CPGroupPool:
                 continue
             mine = None
             for p, pool in enumerate(self.all_pools):
-                g = dist.new_group([pool[i] for i in key], timeout=self.timeout, sort_ranks=False)
+                t0 = time.monotonic()
+                try:
+                    g = dist.new_group([pool[i] for i in key], timeout=self.timeout, sort_ranks=False)
+                except RuntimeError as exc:  # a member died: the store wait for its address times out
+                    timed = Timed(self.timeout.total_seconds(), "the world")
+                    raise timed.error(f"creating the CP group of ring {list(key)} (global ranks "
+                                      f"{[pool[i] for i in key]})", t0, exc) from exc
                 if p == self.my_pool:
                     mine = g
             self._groups[key] = mine
