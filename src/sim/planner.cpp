@@ -79,6 +79,20 @@ void log_solve(const Plan& p, const Batch& batch, const PlanOptions& options) {
 
 Predicted predict(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
                   const PlanOptions& options) {
+  // The pricing reads lengths and rank times by index: names outside the batch or the pool are input errors here,
+  // not reads out of bounds (the capacity is not checked: any plan may be priced).
+  const auto n = static_cast<std::int64_t>(batch.size());
+  for (std::size_t m = 0; m < plan.microbatches.size(); ++m)
+    for (std::size_t gi = 0; gi < plan.microbatches[m].size(); ++gi) {
+      const Group& g = plan.microbatches[m][gi];
+      for (auto id : g.sequences)
+        if (id < 0 || id >= n)
+          invalid("predict: microbatch ", m, " group ", gi, " names sequence ", id, " but the batch has ", n);
+      for (int r : g.ranks)
+        if (r < 0 || r >= cluster.num_ranks)
+          invalid("predict: microbatch ", m, " group ", gi, " names rank ", r, " outside the pool of ",
+                  cluster.num_ranks);
+    }
   return predict_with(plan, batch, cluster, cost, options, -1.0);
 }
 

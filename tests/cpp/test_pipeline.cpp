@@ -1091,9 +1091,10 @@ TEST(Pipeline, RingOrderPolishPassesOtherRanksRings) {
   // nothing to move: one slot comes back as it was
   Plan one;
   one.strategy = "hand", one.num_ranks = 4;
-  one.microbatches = {{ring_all}};
+  one.microbatches = {{Group{{0, 1, 2, 3}, {0}}}};  // sequence 0 of `single` (ring_all names id 2: out of range)
   Batch single;
   single.lengths = {48000};
+  one.validate(single, cl, cost);
   PlanOptions o1 = plain;
   o1.score = [&](const Plan& p) { return predict(p, single, cl, cost, plain).step_time; };
   const Plan same = solve::reorder_rings(one, solve::score(one, single, cl, cost, o1), single, cl, cost, o1);

@@ -85,3 +85,13 @@ def test_long_tailed_batches_at_64_ranks_fit_once_padded() -> None:
     res = _padding_check().check(dists=("longcontext", "wlbllm"), pps=(1, 4), batches=1, gbs=256, seed=4242)
     assert sum(res["groups"].values()) > 1000
     assert res["over"] == {name: 0 for name in dynacp.strategy_names()}
+
+
+def test_predict_names_ids_outside_the_batch() -> None:
+    """Found by the sanitizer run (scripts/sanitize.sh): pricing a plan whose ids exceed the batch read past it."""
+    cluster, cost = small_cluster(4, 4, 64)
+    plan = dynacp.Plan.from_dict(
+        {"version": 1, "strategy": "hand", "num_ranks": 4, "microbatches": [[{"ranks": [0, 1], "sequences": [2]}]]}
+    )
+    with pytest.raises(ValueError, match="names sequence 2 but the batch has 1"):
+        dynacp.predict(plan, [40], cluster, cost)

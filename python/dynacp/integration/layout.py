@@ -9,18 +9,22 @@ This is the integration's single home for zigzag slicing. It follows the runtime
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
 
-def padded_length(length: int, cp: int) -> int:
-    """Tokens a sequence of ``length`` occupies in the padded layout of a CP group of size ``cp``."""
+def padded_length(length: int, cp: int, multiple: int = 2) -> int:
+    """Tokens a sequence of ``length`` occupies in the padded layout of a CP group of size ``cp``: the next multiple of
+    ``multiple * cp`` (``Cluster.seq_pad_multiple``; 2 for zigzag, ``lcm(2, tp)`` with sequence parallelism)."""
     if cp < 1:
         raise ValueError(f"cp must be >= 1, got {cp}")
     if length < 0:
         raise ValueError(f"length must be >= 0, got {length}")
-    m = 2 * cp
+    if multiple < 2 or multiple % 2:
+        raise ValueError(f"the pad multiple must be even and >= 2 for zigzag sharding (Cluster.seq_pad_multiple), "
+                         f"got {multiple}")
+    m = multiple * cp
     return -(-length // m) * m
 
 
@@ -54,26 +58,32 @@ def zigzag_global_rows(cu_seqlens_padded: Sequence[int], cp: int, rank: int) -> 
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
 
-def _python_zigzag_rows(cu_seqlens: Sequence[int], cp: int, rank: int) -> torch.Tensor:
+def _python_zigzag_rows(cu_seqlens: Sequence[int], cp: int, rank: int,
+                        cu_seqlens_padded: Optional[Sequence[int]] = None) -> torch.Tensor:
     parts = []
     for b in range(len(cu_seqlens) - 1):
         start, n = int(cu_seqlens[b]), int(cu_seqlens[b + 1]) - int(cu_seqlens[b])
-        rows = zigzag_chunk_rows(padded_length(n, cp), cp, rank)
+        padded = padded_length(n, cp) if cu_seqlens_padded is None else \
+            int(cu_seqlens_padded[b + 1]) - int(cu_seqlens_padded[b])
+        rows = zigzag_chunk_rows(padded, cp, rank)
         parts.append(torch.where(rows < n, rows + start, torch.full_like(rows, -1)))
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
 
-def zigzag_rows(cu_seqlens: Sequence[int], cp: int, rank: int) -> torch.Tensor:
+def zigzag_rows(cu_seqlens: Sequence[int], cp: int, rank: int,
+                cu_seqlens_padded: Optional[Sequence[int]] = None) -> torch.Tensor:
     """For each local row of ring position ``rank``, the row of the real token it holds in the unpadded packed batch
-    (``cu_seqlens``), or -1 for a padding row. Delegates to the runtime's ``_core.zigzag_rows`` when the loaded
-    extension has it (same rule), so integration and ring attention can never disagree on the layout."""
+    (``cu_seqlens``), or -1 for a padding row; ``cu_seqlens_padded`` gives the padded layout (default: each length
+    padded to a multiple of ``2 * cp``). Delegates to the runtime's ``_core.zigzag_rows`` when the loaded extension
+    has it (same rule), so integration and ring attention can never disagree on the layout."""
     try:
         from dynacp import _core
         fn = getattr(_core, "zigzag_rows", None)
     except Exception:  # pragma: no cover
         fn = None
     if fn is None:
-        return _python_zigzag_rows(cu_seqlens, cp, rank)
+        return _python_zigzag_rows(cu_seqlens, cp, rank, cu_seqlens_padded)
     import numpy as np
-    return torch.from_numpy(np.asarray(fn(np.asarray(list(cu_seqlens), dtype=np.int64), cp, rank, None),
+    padded = None if cu_seqlens_padded is None else np.asarray(list(cu_seqlens_padded), dtype=np.int64)
+    return torch.from_numpy(np.asarray(fn(np.asarray(list(cu_seqlens), dtype=np.int64), cp, rank, padded),
                                        dtype=np.int64))

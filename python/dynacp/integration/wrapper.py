@@ -237,11 +237,11 @@ def _from_i64(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.view(torch.float64).to(dtype) if dtype.is_floating_point else t.to(dtype)
 
 
-def _slice_rows(sample: dict, seq_id: int, cp: int, rank: int, out: torch.Tensor) -> None:
+def _slice_rows(sample: dict, seq_id: int, cp: int, rank: int, out: torch.Tensor, pad: int = 2) -> None:
     """Write into ``out`` (``(padded/cp, WIDTH)`` int64) the rows ring position ``rank`` of a ``cp`` group holds of one
-    sequence: its fields, then ``seq_id`` (-1 on padding rows)."""
+    sequence, padded to a multiple of ``pad * cp``: its fields, then ``seq_id`` (-1 on padding rows)."""
     n = sample["tokens"].numel()
-    rows = zigzag_rows([0, n], cp, rank)
+    rows = zigzag_rows([0, n], cp, rank, [0, padded_length(n, cp, pad)])
     real = rows >= 0
     safe = torch.where(real, rows, torch.zeros_like(rows))
     for f, name in enumerate(FIELDS):
@@ -289,6 +289,10 @@ class DynamicCPDataIterator:
         self._failed: Optional[BaseException] = None
         self._next_batch = 0
         self._pool = Timed(planner.timeout, "the DP x CP pool")
+        # Rows per sequence as the planner counts them (Cluster.seq_pad_multiple): the plan's memory cap holds for the
+        # microbatches built here only if both pad alike.
+        self._pad = planner.cluster.seq_pad_multiple if planner.cluster is not None else 2
+        padded_length(0, 1, self._pad)  # raises ValueError naming Cluster.seq_pad_multiple when zigzag cannot use it
         self.total_plan_wait_s = 0.0
         self.total_skipped_empty = 0
         """Empty samples skipped over all global batches so far (whole pool)."""
@@ -535,7 +539,7 @@ class DynamicCPDataIterator:
                 cp = len(g.ranks)
                 for s in g.sequences:
                     seen[s] += 1
-                    n = padded_length(lengths[s], cp) // cp
+                    n = padded_length(lengths[s], cp, self._pad) // cp
                     for dst in g.ranks:
                         if owner[s] == me:
                             send_rows[dst] += n
@@ -557,10 +561,11 @@ class DynamicCPDataIterator:
                 ring, cp = tuple(int(r) for r in g.ranks), len(g.ranks)
                 pieces = []
                 for s in g.sequences:
-                    n = padded_length(lengths[s], cp) // cp
+                    n = padded_length(lengths[s], cp, self._pad) // cp
                     for i, dst in enumerate(ring):
                         if owner[s] == me:
-                            _slice_rows(pending.samples[local[s]], s, cp, i, send[dst][put[dst]:put[dst] + n])
+                            _slice_rows(pending.samples[local[s]], s, cp, i, send[dst][put[dst]:put[dst] + n],
+                                        self._pad)
                             put[dst] += n
                     if me in ring:
                         pieces.append((take[owner[s]], take[owner[s]] + n))
@@ -603,7 +608,8 @@ class DynamicCPDataIterator:
         cols = [torch.cat([route.recv[a:b, f] for a, b in pieces]) for f in range(WIDTH)]
         mb = {name: _from_i64(cols[f], route.dtypes[name]) for f, name in enumerate(FIELDS)}
         seq_lens = [route.lengths[s] for s in seqs]
-        mb.update(self._meta(slot, ring, cp_rank, seqs, seq_lens, [padded_length(n, cp) for n in seq_lens]))
+        mb.update(self._meta(slot, ring, cp_rank, seqs, seq_lens,
+                             [padded_length(n, cp, self._pad) for n in seq_lens]))
         mb["sequence_ids"] = cols[len(FIELDS)]
         return mb
 
