@@ -6,19 +6,14 @@ Run: DYNACP_EXT_DIR=$PWD/build/python PYTHONPATH=$PWD/python python3 -m pytest t
 from __future__ import annotations
 
 import datetime
-import os
-import pickle
-import socket
-import tempfile
 import time
-import traceback
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_workers import PG_TIMEOUT_S, run_raw, run_workers
 
 import dynacp
 from dynacp.integration import (
@@ -45,8 +40,6 @@ from dynacp.integration import (
 from dynacp.integration.layout import _python_zigzag_rows
 from dynacp.integration.tiny_gpt import TinyGPT, TinyGPTConfig
 
-PG_TIMEOUT_S = 30        # torch.distributed collectives
-DEADLINE_S = 180         # whole multi-process run (then every child is killed and the test fails)
 RTOL = 1e-5
 
 # Two global batches of 12 sequences on a pool of 4 ranks; capacity 16 tokens/rank forces CP degrees 1..4.
@@ -62,64 +55,6 @@ LR = 0.5
 
 # ---------------------------------------------------------------------------------------------------------------------
 # harness
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank: int, world: int, port: int, out_dir: str, fn: Callable, kwargs: dict) -> None:
-    result: dict[str, Any]
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
-        t0 = time.perf_counter()
-        result = {"ok": True, "value": fn(rank, world, **kwargs)}
-        result["seconds"] = time.perf_counter() - t0
-    except BaseException as exc:  # report every failure to the parent, including the error type
-        result = {"ok": False, "type": type(exc).__name__, "error": str(exc), "tb": traceback.format_exc()}
-    with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
-        pickle.dump(result, f)
-    try:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:
-        pass
-
-
-def run_workers(fn: Callable, world: int = 4, deadline: float = DEADLINE_S, **kwargs) -> list[dict]:
-    """Run ``fn(rank, world, **kwargs)`` on ``world`` spawned processes; fail (and kill all) after ``deadline`` s."""
-    ctx = mp.get_context("spawn")
-    port = _free_port()
-    with tempfile.TemporaryDirectory() as out_dir:
-        procs = [ctx.Process(target=_entry, args=(r, world, port, out_dir, fn, kwargs), daemon=True)
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        end = time.monotonic() + deadline
-        for p in procs:
-            p.join(max(0.0, end - time.monotonic()))
-        hung = [r for r, p in enumerate(procs) if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-        assert not hung, f"ranks {hung} did not finish within {deadline}s (hang)"
-        results = []
-        for r in range(world):
-            path = os.path.join(out_dir, f"{r}.pkl")
-            assert os.path.exists(path), f"rank {r} exited with code {procs[r].exitcode} and no result"
-            with open(path, "rb") as f:
-                results.append(pickle.load(f))
-    return results
-
-
-def _ok(results: list[dict]) -> list[Any]:
-    for r, res in enumerate(results):
-        assert res["ok"], f"rank {r} failed: {res['type']}: {res['error']}\n{res['tb']}"
-    return [res["value"] for res in results]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -349,7 +284,7 @@ def train_run(kind: str, impl: str = "allgather") -> tuple[list[dict], float]:
     if key not in _RUNS:
         use_megatron = True if (kind == "equal" and megatron_packed_seq_params_class() is not None) else False
         t0 = time.perf_counter()
-        res = _ok(run_workers(_train_worker, world=4, kind=kind, impl=impl, steps=2, use_megatron=use_megatron))
+        res = run_workers(_train_worker, world=4, kind=kind, impl=impl, steps=2, use_megatron=use_megatron)
         _RUNS[key] = (res, time.perf_counter() - t0)
     return _RUNS[key]
 
@@ -424,7 +359,7 @@ def _mismatch_worker(rank: int, world: int, bad_rank: int) -> str:
 def test_plan_mismatch_fails_everywhere_within_timeout():
     """Test 3: one rank with a different strategy -> every rank raises PlanMismatchError, none hangs."""
     t0 = time.perf_counter()
-    results = run_workers(_mismatch_worker, world=4, deadline=60, bad_rank=2)
+    results = run_raw(_mismatch_worker, world=4, deadline=60, bad_rank=2)
     elapsed = time.perf_counter() - t0
     for r, res in enumerate(results):
         assert not res["ok"], f"rank {r} did not notice the mismatch"
@@ -464,7 +399,7 @@ def _pp_tp_worker(rank: int, world: int, tp: int, pp: int) -> dict:
 def test_pp_metadata_and_tp_broadcast(tp, pp):
     """Test 4 (pp > 1): a stage without data gets the packing metadata and working CP groups; TP peers get the
     same tensors as TP rank 0."""
-    results = _ok(run_workers(_pp_tp_worker, world=4, deadline=120, tp=tp, pp=pp))
+    results = run_workers(_pp_tp_worker, world=4, deadline=120, tp=tp, pp=pp)
     by_coord = {(r["pp_rank"], r["tp_rank"], r["pool_index"]): r for r in results}
     for (ppr, _tpr, idx), r in by_coord.items():
         lead = by_coord[(0, 0, idx)]

@@ -60,7 +60,7 @@ def test_a_sequence_the_padded_pool_cannot_hold_is_named() -> None:
 def test_every_strategy_stays_under_the_cap_once_padded(pad: int) -> None:
     """Odd lengths and many short sequences: exactly the batches where counting raw tokens overflows."""
     rng = np.random.default_rng(21 + pad)
-    for trial in range(6):
+    for _trial in range(6):
         cluster, cost = small_cluster(8, 4, int(rng.integers(300, 2000)))
         cluster.seq_pad_multiple = pad
         cap = cost.token_capacity(cluster)

@@ -22,10 +22,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_workers import _free_port
 from test_integration import (
     BATCHES,
     _build_model,
-    _free_port,
     _rel_err,
     make_global_batch,
     make_planner,
@@ -381,7 +381,7 @@ def _empty_worker(rank: int, world: int, out_dir: str) -> dict:
         def emit(self, record: logging.LogRecord) -> None:
             records.append(record.getMessage())
 
-    logging.getLogger("dynacp").addHandler(Keep())
+    logging.getLogger("dynacp.integration").addHandler(Keep())  # the wrapper's records (not the core's warnings)
     planner = _planner("variable", SLOW_TIMEOUT_S)
     w = DynamicCPDataIterator(iter(_empty_items(rank)), planner=planner, groups=groups, num_samples=4)
     batch = w.next_global_batch()
