@@ -7,8 +7,8 @@ what overlaps, and the pipeline bubble.
   :class:`dynacp.planner.efficiency.Efficiency` for this layout's per-GPU shapes. FLOPs follow Megatron's counter:
   6 x parameters per token for the GEMMs (routed experts scaled by k / n_e) and 6 h_q s^2 per causal attention layer.
   Full recompute re-runs one forward (x 4/3), ``recompute_mlp`` the dense MLPs', ``recompute_moe`` the MoE
-  layers' (with their all-to-alls), ``recompute_mla_up_proj`` MLA's up-projections'. A dropless MoE layer takes at least
-  ``Efficiency.moe_layer_floor`` per micro-batch (host-bound). ``PlannerOptions.mfu`` set to a number replaces all
+  layers' (with their all-to-alls), ``recompute_mla_up_proj`` MLA's up-projections'. A dropless MoE layer
+  takes at least ``Efficiency.moe_layer_floor`` per micro-batch (host-bound). ``PlannerOptions.mfu`` set to a number replaces all
   of this by FLOPs / (mfu x peak), the earlier constant model.
 * Communication per micro-batch per GPU (nccl-tests bus-bandwidth convention): TP 4 all-reduce equivalents per
   layer of b (s/c) h 2 bytes (6 with full recompute), on NVLink when the group fits in a node, only
@@ -16,9 +16,9 @@ what overlaps, and the pipeline bubble.
   exposed only beyond the attention it overlaps; EP 4 all-to-alls per MoE layer of (T/t) k h 2 bytes (e-1)/e, the
   cross-node share at the inter-node bandwidth when ETP x EP spans nodes (once per remote node with
   ``ep_dedup_nodes``, fewer nodes with group-limited routing), ``a2a_exposed`` of it counted with
-  ``ep_comm_overlap``, all of it without; PP 2 v b (s/c) h 2 / t
-  bytes of P2P, at the inter-node rate when stages sit on different nodes, hidden behind the stage's compute with
-  interleaving and ``pp_comm_overlap`` (Megatron's overlap-p2p-communication).
+  ``ep_comm_overlap``, all of it without; PP 2 v b (s/c) h 2 / t bytes of P2P, at the inter-node rate when stages
+  sit on different nodes, hidden behind the stage's compute with interleaving and ``pp_comm_overlap`` (Megatron's
+  overlap-p2p-communication).
 * Per step: the DP reduce-scatter of gradients and all-gather of bf16 weights over DP x CP (dense) and EDP
   (experts), at the inter-node bandwidth once the group leaves the node. With ``dp_overlap`` (Megatron's
   overlap-grad-reduce / overlap-param-gather) only what exceeds the backward (reduce-scatter) and the forward
