@@ -8,8 +8,8 @@ what overlaps, and the pipeline bubble.
   6 x parameters per token for the GEMMs (routed experts scaled by k / n_e) and 6 h_q s^2 per causal attention layer.
   Full recompute re-runs one forward (x 4/3), ``recompute_mlp`` the dense MLPs', ``recompute_moe`` the MoE
   layers' (with their all-to-alls), ``recompute_mla_up_proj`` MLA's up-projections'. A dropless MoE layer
-  takes at least ``Efficiency.moe_layer_floor`` per micro-batch (host-bound). ``PlannerOptions.mfu`` set to a number replaces all
-  of this by FLOPs / (mfu x peak), the earlier constant model.
+  takes at least ``Efficiency.moe_layer_floor`` per micro-batch (host-bound). ``PlannerOptions.mfu`` set to a
+  number replaces all of this by FLOPs / (mfu x peak), the earlier constant model.
 * Communication per micro-batch per GPU (nccl-tests bus-bandwidth convention): TP 4 all-reduce equivalents per
   layer of b (s/c) h 2 bytes (6 with full recompute), on NVLink when the group fits in a node, only
   ``tp_exposed`` of it counted with TP comm overlap; CP ring KV 3 (c-1) T 2 g_t d_h 2 bytes per attention layer,
