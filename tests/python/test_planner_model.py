@@ -123,8 +123,9 @@ def test_interleaved_in_flight_follows_megatrons_warmup() -> None:
         chunks = 2 * (16 - i - 1) + 7 * 16 + 1
         assert in_flight(lay, 32, i) == pytest.approx(chunks / 8)
     assert in_flight(pl.Layout(8, 16, 1, 64), 32, 1) == 15 and in_flight(pl.Layout(8, 16, 1, 64), 8, 1) == 8
-    # Megatron caps the warm-up at the step's m v chunks, and with m = p every rank runs all m v forwards first
-    assert in_flight(lay, 16, 1) == 16 and in_flight(lay, 16, 15) == 16
+    # Megatron caps the warm-up at the step's m v chunks: with m = p the first p/2 ranks run all m v forwards first
+    assert in_flight(lay, 16, 1) == 16 and in_flight(lay, 16, 7) == 16
+    assert in_flight(lay, 16, 8) == pytest.approx(127 / 8) and in_flight(lay, 16, 15) == pytest.approx(113 / 8)
     assert in_flight(lay, 20, 1) == pytest.approx((2 * 14 + 7 * 16 + 1) / 8) and in_flight(lay, 17, 0) == 17
 
 
@@ -364,3 +365,18 @@ def test_ep_comm_overlap_off_exposes_the_whole_all_to_all() -> None:
     off = step_time(model, cluster, batch, lay, _opts(fp8=True, ep_comm_overlap=False))
     assert off.parts["ep"] == pytest.approx(on.parts["ep"] / Efficiency().a2a_exposed)
     assert off.step > on.step
+
+
+def test_in_flight_is_megatron_cores_warm_up() -> None:
+    """The installed Megatron-Core's own warm-up count (get_pp_rank_microbatches), peak = warm-up + 1 chunks, or all
+    m v chunks when every micro-batch is in the warm-up."""
+    schedules = pytest.importorskip("megatron.core.pipeline_parallel.schedules")
+    from types import SimpleNamespace
+
+    for p, v, m in ((16, 8, 32), (16, 8, 16), (8, 4, 8), (8, 4, 24), (4, 5, 16), (8, 1, 4), (8, 1, 64)):
+        for i in range(p):
+            comm = SimpleNamespace(pp_group=SimpleNamespace(size=lambda p=p: p, rank=lambda i=i: i),
+                                   virtual_pipeline_model_parallel_size=v if v > 1 else None)
+            total, all_warm, warm, _ = schedules.get_pp_rank_microbatches(m, v, p, p2p_communicator=comm)
+            chunks = total if all_warm else warm + 1
+            assert in_flight(pl.Layout(1, p, 1, 1, vpp=v), m, i) == pytest.approx(min(chunks, m * v) / v), (p, v, m, i)

@@ -263,13 +263,15 @@ def in_flight(layout: Layout, m: int, stage: int = 0) -> float:
     """Micro-batches (in whole-stage units) whose activations pipeline stage ``stage`` = i (0-based) holds:
     1F1B min(p - i, m); interleaved min(p + (p - 2i - 1) / v, m), i.e. Megatron's 2 (p - i - 1) + (v - 1) p warm-up
     chunks plus one, of L / (p v) layers each (for the first stage Megatron's p (1 + (p-1)/(p v))), capped as
-    Megatron caps the warm-up at all m v chunks of the step; with m = p every stage runs all its forwards before the
-    first backward (Megatron's all-warm-up case), so every stage holds m."""
+    Megatron caps the warm-up at all m v chunks of the step (``get_pp_rank_microbatches`` in Megatron-Core 0.16,
+    and PyTorch's ``ScheduleInterleaved1F1B``, count the same). With m = p the first p/2 stages run all their
+    forwards before the first backward and hold m; the later ones hold fewer (older Megatron-LM put every stage in
+    warm-up when m = p; current Megatron-Core does not)."""
     p, v = layout.pp, layout.vpp
     if p <= 1:
         return 1.0
     if v > 1:
-        return float(m) if m == p else min(p + (p - 2 * stage - 1) / v, float(m))
+        return min(p + (p - 2 * stage - 1) / v, float(m))
     return float(min(p - stage, m))
 
 
