@@ -11,7 +11,7 @@ import pytest
 import dynacp.planner as pl
 from dynacp.planner import cli as planner_cli
 from dynacp.planner.efficiency import Efficiency
-from dynacp.planner.memory import in_flight, memory_breakdown, stage_split
+from dynacp.planner.memory import _layer_bytes_per_token, in_flight, memory_breakdown, mla_up_proj_params, stage_split
 from dynacp.planner.timing import alltoall_seconds, moe_dispatch_seconds, step_time
 from dynacp.planner.validation import h100_cluster
 
@@ -123,8 +123,9 @@ def test_interleaved_in_flight_follows_megatrons_warmup() -> None:
         chunks = 2 * (16 - i - 1) + 7 * 16 + 1
         assert in_flight(lay, 32, i) == pytest.approx(chunks / 8)
     assert in_flight(pl.Layout(8, 16, 1, 64), 32, 1) == 15 and in_flight(pl.Layout(8, 16, 1, 64), 8, 1) == 8
-    # Megatron caps the warm-up at the step's m v chunks, and with m = p every rank runs all m v forwards first
-    assert in_flight(lay, 16, 1) == 16 and in_flight(lay, 16, 15) == 16
+    # Megatron caps the warm-up at the step's m v chunks: with m = p the first p/2 ranks run all m v forwards first
+    assert in_flight(lay, 16, 1) == 16 and in_flight(lay, 16, 7) == 16
+    assert in_flight(lay, 16, 8) == pytest.approx(127 / 8) and in_flight(lay, 16, 15) == pytest.approx(113 / 8)
     assert in_flight(lay, 20, 1) == pytest.approx((2 * 14 + 7 * 16 + 1) / 8) and in_flight(lay, 17, 0) == 17
 
 
@@ -222,10 +223,11 @@ def test_moe_host_floor_binds_small_experts_only() -> None:
 
 def test_cli_new_flags_and_old_ones(capsys) -> None:
     args = ["--model", "llama3-8b", "--cluster", "h100-64", "--top", "3"]
-    assert planner_cli.main([*args, "--fp8", "--no-dp-overlap", "--no-pp-overlap", "--ep-in-node", "--json"]) == 0
+    assert planner_cli.main([*args, "--fp8", "--no-dp-overlap", "--no-pp-overlap", "--no-ep-overlap", "--ep-in-node",
+                             "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["options"]["fp8"] and not res["options"]["dp_overlap"] and res["options"]["ep_in_node"]
-    assert not res["options"]["pp_comm_overlap"]
+    assert not res["options"]["pp_comm_overlap"] and not res["options"]["ep_comm_overlap"]
     assert res["options"]["memory_headroom"] == pytest.approx(0.92)
     assert planner_cli.main([*args, "--mfu", "0.45", "--headroom", "0.8"]) == 0
     assert "usable 80%" in capsys.readouterr().out
@@ -307,3 +309,74 @@ def test_h100_presets_hold_what_cuda_reports() -> None:
     assert H100_MEMORY == 85.0e9 and 79 * 2**30 < H100_MEMORY < 80 * 2**30
     assert pl.cluster_preset("h100-64").gpu_memory == pl.cluster_preset("h100-512").gpu_memory == H100_MEMORY
     assert h100_cluster(8).gpu_memory == H100_MEMORY
+
+
+# ---- Megatron's recompute modules, MLA, EP overlap -------------------------------------------------------------------
+
+
+def test_mlp_recompute_leaves_moe_layers_and_moe_recompute_takes_them() -> None:
+    """Megatron-Core's recompute module 'mlp' is the dense MLP only; 'moe' recomputes the MoE layer (all-to-alls
+    included)."""
+    model = pl.model_preset("deepseek-v3")
+    batch = pl.BatchConfig(8192, 4096, 1)
+    lay = pl.Layout(2, 8, 1, 64, ep=64, etp=1, vpp=4, edp=2)
+    cluster = h100_cluster(1024)
+    base, mlp, moe = _opts(fp8=True), _opts(fp8=True, recompute_mlp=True), _opts(fp8=True, recompute_moe=True)
+    k_base = _layer_bytes_per_token(model, base, 4096)
+    k_mlp = _layer_bytes_per_token(model, mlp, 4096)
+    k_moe = _layer_bytes_per_token(model, moe, 4096)
+    h = 7168
+    assert k_mlp["dense_mlp"] == 2 * h and k_mlp["moe_mlp"] == k_base["moe_mlp"]
+    assert k_moe["moe_mlp"] == 2 * h and k_moe["dense_mlp"] == k_base["dense_mlp"]
+    t_base, t_mlp, t_moe = (step_time(model, cluster, batch, lay, o) for o in (base, mlp, moe))
+    assert t_mlp.ep_volume == t_base.ep_volume and t_mlp.parts["grouped_gemm"] == t_base.parts["grouped_gemm"]
+    assert t_moe.ep_volume == pytest.approx(1.5 * t_base.ep_volume)  # 6 all-to-alls instead of 4
+    assert t_moe.parts["grouped_gemm"] > t_base.parts["grouped_gemm"]
+
+
+def test_mla_activations_use_its_latent_and_head_widths() -> None:
+    """DeepSeek-V3's MLA block per token, bf16: norm input and down-projection input 4h, latents 4 x 1536 + 2 x 576
+    + 2 x 512, q and k 2 x 128 x 192 each, v and the attention output 2 x 128 x 128 each; mla_up_proj recompute
+    drops q, k and v; FP8 keeps the down-projection input as 1 byte."""
+    model = pl.model_preset("deepseek-v3")
+    h = 7168
+    full = 4 * h + 8320 + 2 * 49152 + 2 * 32768
+    assert _layer_bytes_per_token(model, _opts(), 4096)["attn"] == full == 200832
+    up = _opts(recompute_mla_up_proj=True, fp8=True)
+    assert _layer_bytes_per_token(model, up, 4096)["attn"] == full - 131072 - h
+    assert mla_up_proj_params(model) == 1536 * 128 * 192 + 512 * 128 * 256
+    assert mla_up_proj_params(pl.model_preset("llama3-8b")) == 0.0
+    # the up-projections' second forward costs GEMM time, nothing else
+    batch, lay, cluster = pl.BatchConfig(8192, 4096, 1), pl.Layout(2, 8, 1, 64, ep=64, etp=1, vpp=4, edp=2), \
+        h100_cluster(1024)
+    t0 = step_time(model, cluster, batch, lay, _opts(fp8=True))
+    t1 = step_time(model, cluster, batch, lay, up)
+    assert t1.parts["gemm"] > t0.parts["gemm"] and t1.parts["attention"] == t0.parts["attention"]
+    with pytest.raises(ValueError, match="qk_head_dim"):
+        pl.ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=10, ffn_hidden_size=128,
+                       kv_lora_rank=16).validate()
+
+
+def test_ep_comm_overlap_off_exposes_the_whole_all_to_all() -> None:
+    model = pl.model_preset("deepseek-v3")
+    batch, lay, cluster = pl.BatchConfig(8192, 4096, 1), pl.Layout(2, 8, 1, 64, ep=64, etp=1, vpp=4, edp=2), \
+        h100_cluster(1024)
+    on = step_time(model, cluster, batch, lay, _opts(fp8=True))
+    off = step_time(model, cluster, batch, lay, _opts(fp8=True, ep_comm_overlap=False))
+    assert off.parts["ep"] == pytest.approx(on.parts["ep"] / Efficiency().a2a_exposed)
+    assert off.step > on.step
+
+
+def test_in_flight_is_megatron_cores_warm_up() -> None:
+    """The installed Megatron-Core's own warm-up count (get_pp_rank_microbatches), peak = warm-up + 1 chunks, or all
+    m v chunks when every micro-batch is in the warm-up."""
+    schedules = pytest.importorskip("megatron.core.pipeline_parallel.schedules")
+    from types import SimpleNamespace
+
+    for p, v, m in ((16, 8, 32), (16, 8, 16), (8, 4, 8), (8, 4, 24), (4, 5, 16), (8, 1, 4), (8, 1, 64)):
+        for i in range(p):
+            comm = SimpleNamespace(pp_group=SimpleNamespace(size=lambda p=p: p, rank=lambda i=i: i),
+                                   virtual_pipeline_model_parallel_size=v if v > 1 else None)
+            total, all_warm, warm, _ = schedules.get_pp_rank_microbatches(m, v, p, p2p_communicator=comm)
+            chunks = total if all_warm else warm + 1
+            assert in_flight(pl.Layout(1, p, 1, 1, vpp=v), m, i) == pytest.approx(min(chunks, m * v) / v), (p, v, m, i)

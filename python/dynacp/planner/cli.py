@@ -58,6 +58,8 @@ def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) 
                    help="count the DP reduce-scatter / all-gather as fully exposed (default: overlapped)")
     o.add_argument("--no-pp-overlap", action="store_true",
                    help="count interleaved pipeline sends as exposed (default: hidden behind the next chunk)")
+    o.add_argument("--no-ep-overlap", action="store_true",
+                   help="count the EP all-to-alls as fully exposed (default: a share hidden by EP comm overlap)")
     o.add_argument("--ep-in-node", action="store_true", help="keep ETP x EP groups inside a node")
     o.add_argument("--batches", type=int, default=4, help="global batches sampled with --lengths (count, default 4)")
     o.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
@@ -101,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
         "cp_sizes": _cp_list(args.cp) if args.cp else None, "max_vpp": args.max_vpp,
         "allow_uneven_pp": args.allow_uneven_pp, "memory_headroom": args.headroom, "mfu": args.mfu,
         "sample_batches": args.batches, "seed": args.seed, "fp8": args.fp8, "dp_overlap": not args.no_dp_overlap,
-        "pp_comm_overlap": not args.no_pp_overlap, "ep_in_node": args.ep_in_node,
+        "pp_comm_overlap": not args.no_pp_overlap, "ep_comm_overlap": not args.no_ep_overlap,
+        "ep_in_node": args.ep_in_node,
     }
     batch = {"global_batch": args.gbs, "seq_length": args.seq_length, "micro_batch": args.mbs}
     table = configs(args.model, args.cluster, batch, options, lengths=args.lengths,

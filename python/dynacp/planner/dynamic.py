@@ -121,7 +121,8 @@ def scheduler_inputs(
     if t > 1:
         comm += (6 if full else 4) * model.num_layers * frac * h * 2 * ring_factor(t) / link_bandwidth(cluster, t)
     if model.is_moe and e > 1:
-        a2a = (6 if full else 4) * model.moe_layers * frac * model.top_k * h * 2 * (e - 1) / e * opts.moe_imbalance
+        passes = 6 if full or opts.recompute_moe else 4
+        a2a = passes * model.moe_layers * frac * model.top_k * h * 2 * (e - 1) / e * opts.moe_imbalance
         comm += a2a / t / link_bandwidth(cluster, layout.etp * e)
     if p > 1:
         comm += 2 * v * h * 2 / t / link_bandwidth(cluster, cluster.world)

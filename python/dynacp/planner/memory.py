@@ -10,10 +10,15 @@ rank, T = b*s/c tokens per rank per micro-batch):
   optimizer / ZeRO-1 shard the 12 B, ZeRO-2 also the grads, ZeRO-3 also the weights. Dense parameters shard over
   DP x CP (Megatron's gradient-buffer group), routed experts over EDP.
 * Activations per layer and token (Korthikanti et al. 2022, Table 2, with sequence parallelism so everything / t):
-  attention 4h + 4h_q + 4h_kv (+ h dropout mask) (= 13h for MHA with dropout) plus (4 + dropout) * a * s for the
+  attention 4h + 4h_q + 4h_kv (+ h dropout mask) (= 13h for MHA with dropout; MLA: its latents and per-head
+  widths, see :func:`_mla_bytes_per_token`) plus (4 + dropout) * a * s for the
   score tensor unless flash attention or recompute; dense MLP 4h + (4 or 6) f (+ h dropout) (gated fc1 is 2f
   wide) (= 21h at f = 4h with dropout, so 34h per layer as in the paper); MoE MLP 4h + 4 n_e + imbalance * k *
-  (4h + (4 or 6) f_e) + shared experts (the derived first-order formula in planner_anchors.md 2.4). Full
+  (4h + (4 or 6) f_e) + shared experts (the derived first-order formula; per routed copy 2h of it is the expert
+  output kept for the weighted combine, which Megatron-Core 0.16 (TEGroupedMLP) does not keep: it applies the router
+  probabilities inside the activation. That known over-estimate is left in, see docs/planner.md).
+  ``recompute_mlp`` keeps 2h for dense MLPs only (Megatron's ``mlp`` module), ``recompute_moe`` 2h for MoE layers
+  (its ``moe`` module). Full
   recompute keeps 2h per layer plus one layer's working set. The first stage holds min(p, m) micro-batches of
   L/p layers (interleaved: min(p * (1 + (p-1)/(p v)), m)), plus Megatron's input-id and embedding-dropout terms.
 * Logits and cross-entropy on the last stage: (4h + 4V) per token / t, or 4h per token + 4V per chunk token when
@@ -194,13 +199,40 @@ class MemoryBreakdown:
         return d
 
 
+def _mla_bytes_per_token(model: ModelConfig, opts: PlannerOptions) -> float:
+    """Activation bytes per token of one MLA block (bf16, before / TP): the norm input and the down-projections'
+    input (2h each), the query latent before and after its norm (2 x 2 q_lora), the key-value latent with its
+    rotary part and the normed latent (2 (kv_lora + rope) + 2 kv_lora), the per-head q and k (2 a (d_qk + rope) each)
+    and v (2 a d_v) unless ``recompute_mla_up_proj`` discards them, and the attention output (2 a d_v). Like every
+    term this is divided by TP; Megatron gathers the small latents over the sequence before the up-projections, so
+    they are under-counted by that factor (4 kB per token at TP 2 for DeepSeek-V3, under 3 % of the block)."""
+    h, a = model.hidden_size, model.num_attention_heads
+    kv, rope = model.kv_lora_rank or 0, model.qk_pos_emb_head_dim
+    qk, v = model.qk_head_dim + rope, model.v_head_dim
+    latents = 4 * (model.q_lora_rank or 0) + 2 * (kv + rope) + 2 * kv
+    per_head = 0.0 if opts.recompute_mla_up_proj else 2 * a * (2 * qk + v)
+    return 4 * h + latents + per_head + 2 * a * v
+
+
+def mla_up_proj_params(model: ModelConfig) -> float:
+    """Parameters of one MLA block's up-projections (query: q_lora or h to a (d_qk + rope); key-value: kv_lora to
+    a (d_qk + d_v)), which ``recompute_mla_up_proj`` runs forward twice; 0 without MLA."""
+    if not model.is_mla:
+        return 0.0
+    a = model.num_attention_heads
+    q_in = model.q_lora_rank or model.hidden_size
+    return float(q_in * a * (model.qk_head_dim + model.qk_pos_emb_head_dim)
+                 + (model.kv_lora_rank or 0) * a * (model.qk_head_dim + model.v_head_dim))
+
+
 def _layer_bytes_per_token(model: ModelConfig, opts: PlannerOptions, seq: int) -> Dict[str, float]:
     """Activation bytes per token of one layer of each kind, before dividing by TP. With FP8 the inputs of the
     QKV, fc1 and fc2 GEMMs are saved as 1-byte FP8 casts (Transformer Engine), saving h, h and f bytes."""
     h, drop = model.hidden_size, 1.0 if model.dropout else 0.0
     f8 = 1.0 if opts.fp8 else 0.0
     fc1 = 4 if model.gated_mlp else 2  # bytes per f-wide element of the fc1 output (2f wide when gated)
-    attn_lin = 4 * h + 4 * model.q_size + 4 * model.kv_size + drop * h - f8 * h
+    attn_lin = (_mla_bytes_per_token(model, opts) if model.is_mla
+                else 4 * h + 4 * model.q_size + 4 * model.kv_size) + drop * h - f8 * h
     scores = 0.0
     if not opts.flash_attention and opts.recompute == "none":
         scores = (4 + drop) * model.num_attention_heads * seq
@@ -211,8 +243,10 @@ def _layer_bytes_per_token(model: ModelConfig, opts: PlannerOptions, seq: int) -
         routed = model.top_k * (4 * h + (fc1 + 2) * f_e - f8 * (h + f_e)) * opts.moe_imbalance
         shared = model.num_shared_experts * (fc1 + 2 - f8) * model.shared_ffn
         moe = 4 * h + 4 * model.num_experts + routed + shared + drop * h
-    if opts.recompute_mlp:  # only the block's input survives the forward
-        dense, moe = 2.0 * h, (2.0 * h if model.moe_layers else 0.0)
+    if opts.recompute_mlp:  # only the dense MLP's input survives the forward (Megatron: dense layers only)
+        dense = 2.0 * h
+    if opts.recompute_moe and model.moe_layers:  # only the MoE layer's input survives the forward
+        moe = 2.0 * h
     return {"attn": attn_lin + scores, "linear_attn": attn_lin, "dense_mlp": dense, "moe_mlp": moe}
 
 
@@ -229,13 +263,15 @@ def in_flight(layout: Layout, m: int, stage: int = 0) -> float:
     """Micro-batches (in whole-stage units) whose activations pipeline stage ``stage`` = i (0-based) holds:
     1F1B min(p - i, m); interleaved min(p + (p - 2i - 1) / v, m), i.e. Megatron's 2 (p - i - 1) + (v - 1) p warm-up
     chunks plus one, of L / (p v) layers each (for the first stage Megatron's p (1 + (p-1)/(p v))), capped as
-    Megatron caps the warm-up at all m v chunks of the step; with m = p every stage runs all its forwards before the
-    first backward (Megatron's all-warm-up case), so every stage holds m."""
+    Megatron caps the warm-up at all m v chunks of the step (``get_pp_rank_microbatches`` in Megatron-Core 0.16,
+    and PyTorch's ``ScheduleInterleaved1F1B``, count the same). With m = p the first p/2 stages run all their
+    forwards before the first backward and hold m; the later ones hold fewer (older Megatron-LM put every stage in
+    warm-up when m = p; current Megatron-Core does not)."""
     p, v = layout.pp, layout.vpp
     if p <= 1:
         return 1.0
     if v > 1:
-        return float(m) if m == p else min(p + (p - 2 * stage - 1) / v, float(m))
+        return min(p + (p - 2 * stage - 1) / v, float(m))
     return float(min(p - stage, m))
 
 

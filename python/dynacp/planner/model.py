@@ -111,6 +111,20 @@ class ModelConfig:
     None = no groups. It bounds how many nodes an EP all-to-all sends a token to."""
     expert_group_topk: Optional[int] = None
     """Groups a token may route to [--moe-router-group-topk]; required with num_expert_groups."""
+    kv_lora_rank: Optional[int] = None
+    """Multi-head latent attention (MLA, DeepSeek-V2/V3) [--multi-latent-attention --kv-lora-rank]: width of the
+    compressed key-value latent (DeepSeek-V3: 512). None = ordinary attention. With MLA the four fields below give
+    the real per-head widths for the activation memory; head_dim stays the width that prices the attention FLOPs
+    (the mean of the q/k and v widths: 160 for DeepSeek-V3)."""
+    q_lora_rank: Optional[int] = None
+    """MLA: width of the compressed query latent [--q-lora-rank] (DeepSeek-V3: 1536); None = queries projected
+    straight from the hidden state."""
+    qk_head_dim: int = 0
+    """MLA: per-head query/key width without the rotary part [--qk-head-dim] (DeepSeek-V3: 128)."""
+    qk_pos_emb_head_dim: int = 0
+    """MLA: per-head rotary (decoupled RoPE) width [--qk-pos-emb-head-dim] (DeepSeek-V3: 64)."""
+    v_head_dim: int = 0
+    """MLA: per-head value width [--v-head-dim] (DeepSeek-V3: 128)."""
     num_mtp_layers: int = 0
     """Multi-token-prediction blocks [--mtp-num-layers] (DeepSeek-V3: 1). Each is one more transformer layer (MoE
     when the model is) plus one more output-layer pass, on the last pipeline stage."""
@@ -144,6 +158,11 @@ class ModelConfig:
         return self.kv_heads * self.dh
 
     @property
+    def is_mla(self) -> bool:
+        """Attention is multi-head latent attention (kv_lora_rank given)."""
+        return self.kv_lora_rank is not None
+
+    @property
     def attention_layers(self) -> int:
         return self.num_layers if self.num_attention_layers is None else self.num_attention_layers
 
@@ -166,8 +185,14 @@ class ModelConfig:
         _integral(self, "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "ffn_hidden_size",
                   "num_kv_heads", "head_dim", "num_attention_layers", "num_experts", "top_k",
                   "expert_ffn_hidden_size", "num_shared_experts", "shared_expert_ffn_hidden_size", "num_moe_layers",
-                  "num_mtp_layers", "num_expert_groups", "expert_group_topk")
-        _positive(self, "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "num_kv_heads", "head_dim")
+                  "num_mtp_layers", "num_expert_groups", "expert_group_topk", "kv_lora_rank", "q_lora_rank",
+                  "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+        _positive(self, "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "num_kv_heads", "head_dim",
+                  "kv_lora_rank", "q_lora_rank")
+        if self.is_mla and (self.qk_head_dim <= 0 or self.v_head_dim <= 0 or self.qk_pos_emb_head_dim < 0):
+            raise ValueError("ModelConfig: an MLA model (kv_lora_rank set) needs qk_head_dim > 0, v_head_dim > 0 and "
+                             f"qk_pos_emb_head_dim >= 0, got {self.qk_head_dim}, {self.v_head_dim} and "
+                             f"{self.qk_pos_emb_head_dim}")
         for n in ("ffn_hidden_size", "num_experts", "top_k", "expert_ffn_hidden_size", "num_shared_experts",
                   "num_mtp_layers",
                   "num_attention_layers", "num_moe_layers", "non_expert_params", "expert_params"):
@@ -304,8 +329,17 @@ class PlannerOptions:
     recompute: str = "selective"
     """Activation recompute: 'none', 'selective' (core attention) or 'full' (keep only each layer's input)."""
     recompute_mlp: bool = False
-    """Also recompute the MLP / MoE block (Megatron's --recompute-modules mlp): it keeps only its 2h-byte input per
-    token and re-runs its forward (GEMMs and all-to-alls) in the backward pass."""
+    """Also recompute the dense MLPs (Megatron's --recompute-modules mlp, which Megatron-Core applies to dense MLP
+    layers only, not to MoE layers): each keeps only its 2h-byte input per token and re-runs its forward GEMMs in
+    the backward pass."""
+    recompute_mla_up_proj: bool = False
+    """Recompute MLA's query and key-value up-projections and RoPE (Megatron's --recompute-modules mla_up_proj, an
+    output-discarding checkpoint): the per-head q, k and v are not kept, and the up-projection GEMMs run their
+    forward again in the backward pass. No effect on a model without MLA."""
+    recompute_moe: bool = False
+    """Also recompute the MoE layers (Megatron's --recompute-modules moe): each keeps only its 2h-byte input per
+    token and re-runs its forward (router, shared and routed expert GEMMs, dispatch and combine all-to-alls) in the
+    backward pass."""
     flash_attention: bool = True
     """Fused attention: no a*s^2 score tensor is stored, so 'none' and 'selective' keep the same memory."""
     chunked_ce: bool = False
@@ -361,6 +395,11 @@ class PlannerOptions:
     tp_comm_overlap: bool = True
     """TP communication overlapped with the GEMMs (Transformer Engine userbuffers, --tp-comm-overlap): only
     Efficiency.tp_exposed of it is counted; False = fully exposed."""
+    ep_comm_overlap: bool = True
+    """The EP dispatch/combine all-to-alls overlap other work (Megatron's --overlap-moe-expert-parallel-comm,
+    Megatron-Bridge's moe_a2a_overlap, or the shared-expert overlap of the all-to-all dispatcher): only
+    Efficiency.a2a_exposed of them is counted. False = fully exposed: without those overlaps Megatron runs the
+    dispatch and the combine between the router and the experts on the critical path."""
     moe_imbalance: float = 1.0
     """Load on the busiest expert rank / mean (1 = uniform routing); scales routed-expert compute, memory, a2a."""
     tie_tolerance: float = 0.01

@@ -6,17 +6,19 @@ what overlaps, and the pipeline bubble.
   expert GEMMs, causal attention and the memory-bound kernels, each at the efficiency of
   :class:`dynacp.planner.efficiency.Efficiency` for this layout's per-GPU shapes. FLOPs follow Megatron's counter:
   6 x parameters per token for the GEMMs (routed experts scaled by k / n_e) and 6 h_q s^2 per causal attention layer.
-  Full recompute re-runs one forward (x 4/3), ``recompute_mlp`` the MLP's. A dropless MoE layer takes at least
-  ``Efficiency.moe_layer_floor`` per micro-batch (host-bound). ``PlannerOptions.mfu`` set to a number replaces all
-  of this by FLOPs / (mfu x peak), the earlier constant model.
+  Full recompute re-runs one forward (x 4/3), ``recompute_mlp`` the dense MLPs', ``recompute_moe`` the MoE
+  layers' (with their all-to-alls), ``recompute_mla_up_proj`` MLA's up-projections'. A dropless MoE layer
+  takes at least ``Efficiency.moe_layer_floor`` per micro-batch (host-bound). ``PlannerOptions.mfu`` set to a
+  number replaces all of this by FLOPs / (mfu x peak), the earlier constant model.
 * Communication per micro-batch per GPU (nccl-tests bus-bandwidth convention): TP 4 all-reduce equivalents per
   layer of b (s/c) h 2 bytes (6 with full recompute), on NVLink when the group fits in a node, only
   ``tp_exposed`` of it counted with TP comm overlap; CP ring KV 3 (c-1) T 2 g_t d_h 2 bytes per attention layer,
   exposed only beyond the attention it overlaps; EP 4 all-to-alls per MoE layer of (T/t) k h 2 bytes (e-1)/e, the
   cross-node share at the inter-node bandwidth when ETP x EP spans nodes (once per remote node with
-  ``ep_dedup_nodes``, fewer nodes with group-limited routing), ``a2a_exposed`` of it counted; PP 2 v b (s/c) h 2 / t
-  bytes of P2P, at the inter-node rate when stages sit on different nodes, hidden behind the stage's compute with
-  interleaving and ``pp_comm_overlap`` (Megatron's overlap-p2p-communication).
+  ``ep_dedup_nodes``, fewer nodes with group-limited routing), ``a2a_exposed`` of it counted with
+  ``ep_comm_overlap``, all of it without; PP 2 v b (s/c) h 2 / t bytes of P2P, at the inter-node rate when stages
+  sit on different nodes, hidden behind the stage's compute with interleaving and ``pp_comm_overlap`` (Megatron's
+  overlap-p2p-communication).
 * Per step: the DP reduce-scatter of gradients and all-gather of bf16 weights over DP x CP (dense) and EDP
   (experts), at the inter-node bandwidth once the group leaves the node. With ``dp_overlap`` (Megatron's
   overlap-grad-reduce / overlap-param-gather) only what exceeds the backward (reduce-scatter) and the forward
@@ -34,7 +36,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, Optional, Tuple
 
 from dynacp.planner.efficiency import Efficiency
-from dynacp.planner.memory import layer_bytes_per_token, param_counts, params_per_gpu, stage_layer_count, stage_split
+from dynacp.planner.memory import (
+    layer_bytes_per_token,
+    mla_up_proj_params,
+    param_counts,
+    params_per_gpu,
+    stage_layer_count,
+    stage_split,
+)
 from dynacp.planner.model import BatchConfig, ClusterConfig, Layout, ModelConfig, PlannerOptions
 
 
@@ -201,12 +210,16 @@ def _gemm_seconds(
     output = model.vocab_size * h * (1 + model.num_mtp_layers) if last else 0.0  # MTP runs the head again
     dense_params = (pc.layers_tp + pc.layers_replicated) * layers / L + output
     dense_flops = 6.0 * dense_params * tokens * lin_r / t
-    mlp_r = 4 / 3 if opts.recompute_mlp and opts.recompute != "full" else 1.0
-    if mlp_r > 1:  # the MLP share of the dense GEMMs runs its forward twice
+    partial = opts.recompute != "full"
+    mlp_r = 4 / 3 if opts.recompute_mlp and partial else 1.0
+    moe_r = 4 / 3 if opts.recompute_moe and partial and model.moe_layers else 1.0
+    if mlp_r > 1 or moe_r > 1:  # the recomputed share of the dense GEMMs runs its forward twice
         mult = 3 if model.gated_mlp else 2
-        mlp = ((L - model.moe_layers) * mult * h * model.ffn_hidden_size
-               + model.moe_layers * model.num_shared_experts * mult * h * model.shared_ffn) * layers / L
-        dense_flops += 6.0 * min(mlp, dense_params) * tokens / t * (mlp_r - 1)
+        mlp = ((L - model.moe_layers) * mult * h * model.ffn_hidden_size * (mlp_r - 1)
+               + model.moe_layers * model.num_shared_experts * mult * h * model.shared_ffn * (moe_r - 1)) * layers / L
+        dense_flops += 6.0 * min(mlp, dense_params / 3) * tokens / t
+    if opts.recompute_mla_up_proj and partial:  # MLA's up-projections run their forward twice
+        dense_flops += 2.0 * mla_up_proj_params(model) * model.attention_layers * layers / L * tokens / t
     fc1 = (2 if model.gated_mlp else 1) * max(model.ffn_hidden_size, model.expert_ffn_hidden_size or 1)
     if opts.mfu is not None:
         dense_s = dense_flops / (cluster.peak_flops * opts.mfu)
@@ -216,7 +229,7 @@ def _gemm_seconds(
         return dense_s, 0.0
     e, te = layout.ep, layout.etp
     active = pc.experts * model.top_k / model.num_experts * layers / L
-    exp_flops = 6.0 * active * tokens * lin_r * mlp_r * opts.moe_imbalance / t
+    exp_flops = 6.0 * active * tokens * lin_r * moe_r * opts.moe_imbalance / t
     if opts.mfu is not None:
         return dense_s, exp_flops / (cluster.peak_flops * opts.mfu)
     # tokens each local expert receives per micro-batch: the EP group's tokens (T/t per rank, gathered over ETP)
@@ -265,11 +278,11 @@ def _comm_seconds(
     ep_vol = 0.0
     if model.is_moe and e > 1:
         moe_layers = model.moe_layers * layers / L
-        passes = 6 if full or opts.recompute_mlp else 4
+        passes = 6 if full or opts.recompute_moe else 4
         ep_vol = passes * moe_layers * (T / t) * model.top_k * h * 2 * (e - 1) / e * opts.moe_imbalance
         a2a = moe_dispatch_seconds(cluster, layout.etp * e, model.top_k, ep_vol, opts.ep_dedup_nodes,
                                    model.num_expert_groups, model.expert_group_topk)
-        out["ep"] = a2a * eff.a2a_exposed
+        out["ep"] = a2a * (eff.a2a_exposed if opts.ep_comm_overlap else 1.0)
     if c > 1:
         attn_layers = model.attention_layers * layers / L
         kv = 2 * max(1.0, model.kv_heads / t) * model.dh * 2

@@ -112,9 +112,12 @@ def published_runs() -> List[PublishedRun]:
         _nemo("Qwen3-235B-A22B", "qwen3-235b-a22b", 256, 8192, 1, 4096, 2, 8, 1, 4, 32, True, 1633,
               BRIDGE + ", container 26.02, model Qwen3_235B_a22B, FP8", options={"etp": "1", "allow_uneven_pp": True}),
         _nemo("DeepSeek-V3", "deepseek-v3", 1024, 8192, 1, 4096, 2, 8, 1, 4, 64, True, 1297,
-              BRIDGE + ", container 25.09, dropless, FP8 (128x128 / 1x128 blocks); recompute of the MLP as in "
-              "Megatron-Bridge's DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1 (recompute_modules mla_up_proj, mlp)",
-              options={"etp": "1", "allow_uneven_pp": True, "recompute_mlp": True}),
+              BRIDGE + ", container 25.09, dropless, FP8 (128x128 / 1x128 blocks); as Megatron-Bridge's "
+              "DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1 sets them: recompute_modules mla_up_proj and mlp (Megatron-Core "
+              "applies 'mlp' to the dense layers only), moe_a2a_overlap False with the hybridep flex dispatcher "
+              "(which Megatron-Core's shared-expert overlap does not support), so the all-to-alls are exposed",
+              options={"etp": "1", "allow_uneven_pp": True, "recompute_mlp": True, "recompute_mla_up_proj": True,
+                       "ep_comm_overlap": False}),
     ]
 
 
