@@ -39,7 +39,7 @@ struct Seq {
   double work;  // eta*a*s^2 + b*s
   int dmin;
   std::int64_t rows1 = 0;  // padded rows when it runs alone on one rank (Cluster::padded_rows(len, 1))
-  double t1 = 0.0;  // T(s, 1)
+  double t1 = 0.0;         // T(s, 1)
   // T(s, d) on the pieces [lo[0], rpn] (ring inside a node) and [lo[1], P] (across nodes): arg[k] is the
   // minimiser of piece k (CostModel::piece_minima; 0 when the piece is empty).
   int lo[2] = {0, 0}, arg[2] = {0, 0};
@@ -1230,7 +1230,9 @@ Plan pool_slots(const Batch& batch, const Cluster& cluster, const CostModel& cos
   std::stable_sort(ids.begin(), ids.end(), [&](std::int64_t a, std::int64_t b) { return work(a) > work(b); });
   std::vector<double> load(static_cast<std::size_t>(m), 0.0);
   std::vector<std::int64_t> rows(static_cast<std::size_t>(m), 0);  // padded rows per rank of each slot's group
-  auto rows_of = [&](std::int64_t i) { return cluster.padded_rows(batch.lengths[static_cast<std::size_t>(i)], cluster.num_ranks); };
+  auto rows_of = [&](std::int64_t i) {
+    return cluster.padded_rows(batch.lengths[static_cast<std::size_t>(i)], cluster.num_ranks);
+  };
   Plan plan;
   plan.microbatches.resize(static_cast<std::size_t>(m));
   std::vector<int> all(static_cast<std::size_t>(cluster.num_ranks));
@@ -1239,9 +1241,7 @@ Plan pool_slots(const Batch& batch, const Cluster& cluster, const CostModel& cos
   for (std::int64_t i : ids) {
     std::size_t best = load.size();
     for (std::size_t k = 0; k < load.size(); ++k)
-      if (rows[k] + rows_of(i) <= cap &&
-          (best == load.size() || load[k] < load[best]))
-        best = k;
+      if (rows[k] + rows_of(i) <= cap && (best == load.size() || load[k] < load[best])) best = k;
     if (best == load.size()) return {};
     load[best] += work(i), rows[best] += rows_of(i);
     plan.microbatches[best][0].sequences.push_back(i);

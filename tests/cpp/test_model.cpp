@@ -2,9 +2,8 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ringbuffer_sink.h>
 
-#include <random>
-
 #include <cmath>
+#include <random>
 
 #include "dynacp/model/calibrate.hpp"
 #include "dynacp/model/error.hpp"
