@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str, env_extra: dict = None, **kw) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"), **(env_extra or {}))
+    env = dict(os.environ, **(env_extra or {}))  # the dynacp the tests import: installed, or PYTHONPATH's in a dev tree
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, env=env, **kw)
 
 
@@ -379,7 +379,7 @@ def _stderr_on_a_terminal(*cli: str) -> str:
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120-column terminal
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    env = dict(os.environ)
     try:
         r = subprocess.run([sys.executable, "-m", "dynacp", *cli], stderr=slave, stdout=subprocess.DEVNULL,
                            timeout=300, env=env)
