@@ -82,6 +82,7 @@ def _check(ring: list, causal, seed: int, pad_extra: int = 0, kv_heads: int = 2)
 
 def _worker_rings(rank: int, world: int, rings: list) -> str:
     """Every step: a set of disjoint rings covering the world, run concurrently on the WORLD group."""
+    torch.set_num_threads(1)  # several processes share the cores
     for step, (layout, causal, pad, kvh) in enumerate(rings):
         ring = next(r for r in layout if rank in r)
         _check(list(ring), causal, seed=100 + step, pad_extra=pad, kv_heads=kvh)
