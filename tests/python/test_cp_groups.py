@@ -68,8 +68,9 @@ def _train(rank: int, world: int, mode: str, steps: int) -> dict:
             seen |= {tuple(r) for r in gb.rings if len(r) > 1}
             opt.zero_grad()
             for mb in it:
-                attn = (lambda q, k, v, p=mb["packed_seq_params"], r=mb["cp_ring"]:
-                        cp_attention(q, k, v, p, impl="ring", cp_ring=r))
+                def attn(q, k, v, p=mb["packed_seq_params"], r=mb["cp_ring"]):
+                    return cp_attention(q, k, v, p, impl="ring", cp_ring=r)
+
                 loss_sum, count = masked_token_loss(model(mb["tokens"], mb["position_ids"], attn), mb["labels"],
                                                     mb["loss_mask"])
                 loss_sum.backward()
