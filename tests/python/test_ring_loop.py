@@ -194,3 +194,25 @@ def test_flash_block_names_what_is_missing():
     with pytest.raises(ValueError, match="block must be"):
         ring_loop.make_block("fast", torch.device("cpu"), torch.float32, 8)
 
+
+
+def test_local_ring_matches_the_process_ring_reference():
+    """The in-process ring (threads; what the single-GPU benchmark and checks run) on CPU, CP 1-4."""
+    cu = np.concatenate([[0], np.cumsum(LENGTHS)]).astype(np.int64)
+    g = torch.Generator().manual_seed(7)
+    t = int(cu[-1])
+    q, dout = (torch.randn(t, 4, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(t, 2, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    flags = MIXED
+    qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
+    ref = reference(qr, kr, vr, cu, flags, 8 ** -0.5)
+    ref.backward(dout)
+    for cp in range(1, 5):
+        shards = [tuple(zigzag_shard(x.float(), cu, cp, r) for x in (q, k, v, dout)) for r in range(cp)]
+        res = ring_loop.local_ring_attention(shards, cu, flags, ring_loop.TorchBlock())
+        for r, (out, lse, dq, dk, dv) in enumerate(res):
+            pad = torch.from_numpy(_core.zigzag_rows(cu, cp, r, None)) < 0
+            _close(out[~pad], zigzag_shard(ref.detach(), cu, cp, r)[~pad], f"out cp {cp}")
+            assert bool(torch.all(lse[pad] == float("-inf")))
+            for name, got, want in zip("qkv", (dq, dk, dv), (qr.grad, kr.grad, vr.grad)):
+                _close(got[~pad], zigzag_shard(want, cu, cp, r)[~pad], f"d{name} cp {cp} rank {r}")

@@ -20,8 +20,10 @@ gloo it waits with the ring's timeout.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -334,6 +336,77 @@ class PoolP2P:
             self.recorder(f"wait_{kind}", index)
 
 
+class LocalHub:
+    """Mailboxes of an in-process ring whose members are threads of one process (one device): a hop is a device
+    copy. Used to run every member of a CP ring on one GPU (benchmarks/gpu_ring.py, tests/gpu) and in CPU tests."""
+
+    def __init__(self, size: int, timeout: float = 60.0):
+        self.size, self.timeout = size, timeout
+        self._boxes: dict = {}
+        self._cv = threading.Condition()
+
+    def deliver(self, dst: int, key: tuple, tensor: torch.Tensor) -> None:
+        with self._cv:  # FIFO per (destination, kind, hop): a forward's and a backward's hop 1 may both wait
+            self._boxes.setdefault((dst, key), collections.deque()).append(tensor)
+            self._cv.notify_all()
+
+    def take(self, dst: int, key: tuple) -> torch.Tensor:
+        with self._cv:
+            if not self._cv.wait_for(lambda: bool(self._boxes.get((dst, key))), timeout=self.timeout):
+                raise TimeoutError(f"local ring member {dst}: {key[0]} hop {key[1]} did not arrive within "
+                                   f"{self.timeout:g} s")
+            return self._boxes[(dst, key)].popleft()
+
+
+class _LocalHop:
+    def __init__(self, hub: LocalHub, index: int, key: tuple, recv: torch.Tensor):
+        self.hub, self.index, self.key, self.recv = hub, index, key, recv
+
+    def wait(self) -> None:
+        self.recv.copy_(self.hub.take(self.index, self.key))
+
+
+class LocalComm:
+    """The :class:`PoolP2P` interface for member ``index`` of an in-process ring (see :class:`LocalHub`)."""
+
+    def __init__(self, hub: LocalHub, index: int, recorder: Optional[Recorder] = None):
+        self.hub, self.index, self.size, self.recorder = hub, index, hub.size, recorder
+
+    def post(self, send: torch.Tensor, recv: torch.Tensor, kind: str, hop: int) -> _LocalHop:
+        self.hub.deliver((self.index + 1) % self.size, (kind, hop), send.clone())
+        if self.recorder:
+            self.recorder(f"post_{kind}", hop)
+        return _LocalHop(self.hub, self.index, (kind, hop), recv)
+
+    def wait(self, hop: _LocalHop, kind: str, index: int) -> None:
+        hop.wait()
+        if self.recorder:
+            self.recorder(f"wait_{kind}", index)
+
+
+def run_local_ring(size: int, fn: Callable[[LocalComm], object], timeout: float = 60.0) -> list:
+    """Run ``fn(comm)`` for every member of an in-process ring of ``size`` threads; returns the results by member
+    and re-raises the first member's exception."""
+    hub = LocalHub(size, timeout)
+    results: list = [None] * size
+    errors: list = []
+
+    def member(i: int) -> None:
+        try:
+            results[i] = fn(LocalComm(hub, i))
+        except BaseException as e:  # handed to the caller
+            errors.append(e)
+
+    threads = [threading.Thread(target=member, args=(i,), daemon=True) for i in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
 # -- the loop ---------------------------------------------------------------------------------------------------------
 
 def _merge(out: torch.Tensor, lse: torch.Tensor, idx: torch.Tensor, ob: torch.Tensor, lb: torch.Tensor) -> None:
@@ -350,8 +423,8 @@ def _merge(out: torch.Tensor, lse: torch.Tensor, idx: torch.Tensor, ob: torch.Te
 class RingLoop:
     """One ring call's state: schedule, neighbours, block function, accumulation type."""
 
-    def __init__(self, comm: PoolP2P, specs: list[list[BlockSpec]], block: BlockFunction, scale: float,
-                 acc: torch.dtype):
+    def __init__(self, comm: PoolP2P | LocalComm, specs: list[list[BlockSpec]], block: BlockFunction,
+                 scale: float, acc: torch.dtype):
         self.comm, self.specs, self.block, self.scale, self.acc = comm, specs, block, scale, acc
         self.cp = comm.size
 
@@ -412,3 +485,32 @@ class RingLoop:
 
 def default_scale(dim: int, scale: Optional[float]) -> float:
     return float(scale) if scale else 1.0 / math.sqrt(dim)
+
+
+def local_ring_attention(shards: Sequence[tuple], cu_seqlens: np.ndarray, causal: Sequence[bool],
+                         block: BlockFunction, *, cu_padded: Optional[np.ndarray] = None,
+                         scale: Optional[float] = None, backward: bool = True, timeout: float = 600.0) -> list:
+    """Every member of a ``len(shards)``-member ring in this process (threads, :func:`run_local_ring`): member i
+    gets ``shards[i] = (q, k, v[, dout])`` (its zigzag rows, see ``dynacp.torch.zigzag_shard``) and returns
+    ``(out, lse)`` or, with ``backward`` and a dout, ``(out, lse, dq, dk, dv)`` in the accumulation type. No
+    autograd; the benchmark and the single-GPU checks use it to run every rank's blocks of a CP split on one GPU."""
+    from dynacp import _core
+
+    cp = len(shards)
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    cu_p = _core.zigzag_layout(cu, cp, None if cu_padded is None else np.asarray(cu_padded, dtype=np.int64))
+    q0 = shards[0][0]
+    acc = torch.float64 if q0.dtype == torch.float64 else torch.float32
+    sc = default_scale(q0.shape[2], scale)
+    specs = [build_specs(cu, cu_p, cp, i, causal, q0.device) for i in range(cp)]
+
+    def member(comm: LocalComm):
+        q, k, v = shards[comm.index][:3]
+        loop = RingLoop(comm, specs[comm.index], block, sc, acc)
+        out, lse = loop.forward(q, k, v)
+        if not backward or len(shards[comm.index]) < 4:
+            return out, lse
+        out_in = out.to(q.dtype)  # the backward sees the rounded output, as FlashAttention's does
+        return (out, lse, *loop.backward(q, k, v, out_in, lse, shards[comm.index][3]))
+
+    return run_local_ring(cp, member, timeout)
