@@ -98,11 +98,16 @@ class BlockSpec:
     max_q: int
     max_k: int
     causal: bool
+    q_all: bool = False
+    """``q_idx`` is every local row in order (the block reads q and writes out without a gather)."""
+    k_all: bool = False
+    """``k_idx`` is every row of the kv buffer in order."""
 
 
 def build_specs(cu_seqlens: np.ndarray, cu_padded: np.ndarray, cp: int, rank: int, causal: Sequence[bool],
                 device: torch.device) -> list[list[BlockSpec]]:
     """Every step's block specs, built on the host once per call and uploaded once (no host sync per hop)."""
+    rows = int(cu_padded[-1]) // cp
     steps = []
     for t in range(cp):
         groups: dict[bool, tuple[list, list]] = {}
@@ -117,20 +122,28 @@ def build_specs(cu_seqlens: np.ndarray, cu_padded: np.ndarray, cp: int, rank: in
             qs, ks = groups.setdefault(bool(diag), ([], []))
             qs.append(qi)
             ks.append(ki)
-        steps.append([_spec(qs, ks, diag, device) for diag, (qs, ks) in sorted(groups.items())])
+        steps.append([_spec(qs, ks, diag, device, rows) for diag, (qs, ks) in sorted(groups.items())])
     return steps
 
 
-def _spec(qs: list, ks: list, diag: bool, device: torch.device) -> BlockSpec:
+def _spec(qs: list, ks: list, diag: bool, device: torch.device, rows: int) -> BlockSpec:
     cu_q = np.concatenate([[0], np.cumsum([len(x) for x in qs])]).astype(np.int64)
     cu_k = np.concatenate([[0], np.cumsum([len(x) for x in ks])]).astype(np.int64)
+    q_idx, k_idx = np.concatenate(qs), np.concatenate(ks)
 
     def up(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(a).to(device=device, dtype=dtype, non_blocking=True)
 
-    return BlockSpec(up(np.concatenate(qs), torch.long), up(np.concatenate(ks), torch.long), up(cu_q, torch.int32),
-                     up(cu_k, torch.int32), cu_q.tolist(), cu_k.tolist(), int(np.diff(cu_q).max()),
-                     int(np.diff(cu_k).max()), diag)
+    def everything(idx: np.ndarray) -> bool:
+        return len(idx) == rows and bool(np.all(idx == np.arange(rows)))
+
+    return BlockSpec(up(q_idx, torch.long), up(k_idx, torch.long), up(cu_q, torch.int32), up(cu_k, torch.int32),
+                     cu_q.tolist(), cu_k.tolist(), int(np.diff(cu_q).max()), int(np.diff(cu_k).max()), diag,
+                     everything(q_idx), everything(k_idx))
+
+
+def _rows(x: torch.Tensor, idx: torch.Tensor, everything: bool) -> torch.Tensor:
+    return x if everything else x.index_select(0, idx)
 
 
 # -- block functions --------------------------------------------------------------------------------------------------
@@ -409,15 +422,25 @@ def run_local_ring(size: int, fn: Callable[[LocalComm], object], timeout: float 
 
 # -- the loop ---------------------------------------------------------------------------------------------------------
 
-def _merge(out: torch.Tensor, lse: torch.Tensor, idx: torch.Tensor, ob: torch.Tensor, lb: torch.Tensor) -> None:
-    """Merge a block's (out, lse) into the accumulators at rows ``idx``, overflow-free; -inf blocks are skipped."""
-    o, la = out.index_select(0, idx), lse.index_select(0, idx)
+def _merge(out: torch.Tensor, lse: torch.Tensor, idx: torch.Tensor, ob: torch.Tensor, lb: torch.Tensor,
+           everything: bool = False) -> None:
+    """Merge a block's (out, lse) into the accumulators at rows ``idx`` (all rows when ``everything``),
+    overflow-free; -inf blocks are skipped."""
+    if everything:
+        o, la = out, lse
+    else:
+        o, la = out.index_select(0, idx), lse.index_select(0, idx)
     ob, lb = ob.to(out.dtype), lb.to(lse.dtype)
     skip = lb == float("-inf")
     new_l = torch.maximum(la, lb) + torch.log1p(torch.exp(-(la - lb).abs()))
     new_o = o - torch.sigmoid(lb - la).unsqueeze(-1) * (o - ob)
-    out.index_copy_(0, idx, torch.where(skip.unsqueeze(-1), o, new_o))
-    lse.index_copy_(0, idx, torch.where(skip, la, new_l))
+    new_o, new_l = torch.where(skip.unsqueeze(-1), o, new_o), torch.where(skip, la, new_l)
+    if everything:
+        out.copy_(new_o)
+        lse.copy_(new_l)
+    else:
+        out.index_copy_(0, idx, new_o)
+        lse.index_copy_(0, idx, new_l)
 
 
 class RingLoop:
@@ -440,9 +463,10 @@ class RingLoop:
                 bufs[(t + 1) % 2] = torch.empty_like(cur) if bufs[(t + 1) % 2] is None else bufs[(t + 1) % 2]
                 hop = self.comm.post(cur, bufs[(t + 1) % 2], "kv", t + 1)
             for spec in self.specs[t]:
-                ob, lb = self.block.forward(q.index_select(0, spec.q_idx), cur[0].index_select(0, spec.k_idx),
-                                            cur[1].index_select(0, spec.k_idx), spec, self.scale)
-                _merge(out, lse, spec.q_idx, ob, lb)
+                ki = spec.k_idx
+                ob, lb = self.block.forward(_rows(q, spec.q_idx, spec.q_all), _rows(cur[0], ki, spec.k_all),
+                                            _rows(cur[1], ki, spec.k_all), spec, self.scale)
+                _merge(out, lse, spec.q_idx, ob, lb, spec.q_all)
             if hop is not None:
                 self.comm.wait(hop, "kv", t + 1)
         return out, lse
@@ -461,13 +485,15 @@ class RingLoop:
                 kv_hop = self.comm.post(cur, bufs[(t + 1) % 2], "kv", t + 1)
             dkv = torch.zeros(cur.shape, dtype=self.acc, device=q.device)
             for spec in self.specs[t]:
-                qi, ki = spec.q_idx, spec.k_idx
-                g = self.block.backward(dout.index_select(0, qi), q.index_select(0, qi),
-                                        cur[0].index_select(0, ki), cur[1].index_select(0, ki),
-                                        out.index_select(0, qi), lse.index_select(0, qi), spec, self.scale)
-                dq.index_add_(0, qi, g[0].to(self.acc))
-                dkv[0].index_add_(0, ki, g[1].to(self.acc))
-                dkv[1].index_add_(0, ki, g[2].to(self.acc))
+                qi, ki, qa, ka = spec.q_idx, spec.k_idx, spec.q_all, spec.k_all
+                g = self.block.backward(_rows(dout, qi, qa), _rows(q, qi, qa), _rows(cur[0], ki, ka),
+                                        _rows(cur[1], ki, ka), _rows(out, qi, qa), _rows(lse, qi, qa), spec,
+                                        self.scale)
+                for acc, idx, every, grad in ((dq, qi, qa, g[0]), (dkv[0], ki, ka, g[1]), (dkv[1], ki, ka, g[2])):
+                    if every:
+                        acc.add_(grad.to(self.acc))
+                    else:
+                        acc.index_add_(0, idx, grad.to(self.acc))
             if dkv_hop is not None:  # the dk/dv accumulated so far for the kv held at step t
                 self.comm.wait(dkv_hop, "dkv", t)
                 dkv += dkv_recv[(t - 1) % 2]
