@@ -313,7 +313,8 @@ def ring_attention(
     cu = _as_int64(cu_seqlens)
     cu_padded = _as_int64(cu_seqlens_padded)
     if loop == "python":
-        ring: Any = _PyRing(group, ring_ranks, cu, cu_padded, causal if isinstance(causal, bool) else list(causal),
+        ring: Any = _PyRing(group, ring_ranks, cu, cu_padded,
+                            bool(causal) if isinstance(causal, (bool, np.bool_)) else list(causal),
                             softmax_scale, float(timeout), q, block, recorder)
     elif loop == "cpp":
         causal_arg = bool(causal) if isinstance(causal, (bool, np.bool_)) else np.asarray(causal, dtype=np.int64)
