@@ -113,6 +113,29 @@ void bind_runtime(py::module_& m) {
       py::arg("cu_seqlens"), py::arg("cp"), py::arg("rank"), py::arg("cu_seqlens_padded") = py::none(),
       "Global token row of each local row of `rank` (-1 for padding).");
 
+  m.def(
+      "ring_blocks",
+      [](const py::handle& cu, int cp, int rank, int step, const py::handle& causal, const py::handle& cu_padded) {
+        const auto layout = layout_from(cu, cp, cu_padded);
+        if (rank < 0 || rank >= cp || step < 0 || step >= cp)
+          invalid("ring_blocks: rank ", rank, " and step ", step, " must lie in [0, cp = ", cp, ")");
+        const auto flags = causal_flags(causal, layout.num_seqs());
+        const auto blocks = rt::ring_blocks(layout, rank, step, flags);
+        py::array_t<std::int64_t> out({static_cast<py::ssize_t>(blocks.size()), py::ssize_t{10}});
+        auto a = out.mutable_unchecked<2>();
+        for (std::size_t i = 0; i < blocks.size(); ++i) {
+          const auto& b = blocks[i];
+          const std::int64_t row[10] = {b.row0, b.chunk, b.q_lo, b.q_hi, b.k_lo, b.k_hi, b.len, b.q_holder,
+                                        b.k_holder, b.causal};
+          for (int j = 0; j < 10; ++j) a(static_cast<py::ssize_t>(i), j) = row[j];
+        }
+        return out;
+      },
+      py::arg("cu_seqlens"), py::arg("cp"), py::arg("rank"), py::arg("step"), py::arg("causal") = true,
+      py::arg("cu_seqlens_padded") = py::none(),
+      "The C++ schedule (runtime::ring_blocks) of one rank and ring step: int64 [blocks, 10] rows of (row0, chunk, "
+      "q_lo, q_hi, k_lo, k_hi, len, q_holder, k_holder, causal); the oracle of dynacp.torch's Python ring loop.");
+
   py::class_<rt::RingDevice>(m, "RingDevice",
                              "The per-device half of the ring executor (runtime/ring.hpp): element sizes and kernels.")
       .def_property_readonly("input_bytes", &rt::RingDevice::input_bytes)

@@ -5,9 +5,12 @@
 # CUDA_ARCH=80 etc.), then runs
 #   1. dynacp_gpu_check: an NCCL world-size-1 smoke test, CUDA kernels vs the CPU fp64 reference (fp32 and bf16), the
 #      ring over simulated ranks on the one GPU and a forward/backward TFLOP/s comparison with a single-call baseline;
-#   2. tests/gpu/torch_ring_check.py: dynacp.torch.ring_attention on CUDA tensors (an NCCL group of size 1, then 3
-#      processes sharing the GPU over gloo) vs the CPU path, fp32/bf16(/fp16), forward and backward.
-# Budget: < 5 minutes. BENCH_SCALE=0.25 shrinks the benchmark sequences. NCCL comes from NCCL_ROOT, the CUDA
+#   2. tests/gpu/torch_ring_check.py: the C++ ring executor (ring_attention(loop="cpp")) on CUDA tensors (an NCCL
+#      group of size 1, then 3 processes sharing the GPU over gloo) vs the CPU path, fp32/bf16(/fp16), fwd and bwd;
+#   3. benchmarks/gpu_ring.py --check --bench: the Python ring loop on FlashAttention kernels (the production path)
+#      vs an fp64 reference for CP 1-4, then its TFLOP/s and efficiency table, written into docs/benchmarks.md
+#      (GPU section; GPU_RING_SCALE=0.25 shrinks the packs; GPU_RING_DOCS=0 leaves the docs alone).
+# Budget: < 5 minutes for steps 1-2; step 3 about 5 minutes at scale 1 on an H100/H200 (not yet measured). BENCH_SCALE=0.25 shrinks the benchmark sequences. NCCL comes from NCCL_ROOT, the CUDA
 # toolkit or the nvidia-nccl-cu13 wheel (pip install nvidia-nccl-cu13). Step 2 needs python3 with pybind11 (to
 # build) and torch with CUDA (to run); without them it is reported as SKIPPED and only step 1 decides the status.
 set -euo pipefail
@@ -41,6 +44,15 @@ elif ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() el
 else
   DYNACP_EXT_DIR="$(cd "$BUILD/python" && pwd)" PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" \
     timeout 120 python3 tests/gpu/torch_ring_check.py || status=1
+fi
+if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && [ -n "$PYBIND_DIR" ]; then
+  DOCS_ARGS=()
+  [ "${GPU_RING_DOCS:-1}" = 1 ] && DOCS_ARGS=(--write-docs docs/benchmarks.md)
+  DYNACP_EXT_DIR="$(cd "$BUILD/python" && pwd)" PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" \
+    timeout 600 python3 benchmarks/gpu_ring.py --check --bench --scale "${GPU_RING_SCALE:-1.0}" "${DOCS_ARGS[@]}" \
+    || status=1
+else
+  echo "gpu_ring SKIPPED: needs torch with CUDA and pybind11 (to build dynacp._core)"
 fi
 echo "total: $(( $(date +%s) - start )) s"
 exit $status

@@ -1,4 +1,4 @@
-"""Single-GPU check of dynacp.torch.ring_attention on CUDA tensors (run by tests/gpu/run.sh; needs torch with CUDA
+"""Single-GPU check of the C++ ring executor, dynacp.torch.ring_attention(loop="cpp"), on CUDA tensors (run by tests/gpu/run.sh; needs torch with CUDA
 and dynacp built with its CUDA module dynacp._cuda, e.g. DYNACP_EXT_DIR=<build>/python PYTHONPATH=python).
 
 1. One process, an NCCL process group of size 1 (cp = 1): the CUDA path (C++ ring loop + CUDA kernels) against the
@@ -44,7 +44,7 @@ def inputs(seed: int, heads: int, kv_heads: int, dim: int, lengths=LENGTHS):
 def run(cu, xs, dout, cp, rank, group, causal, device, dtype):
     """ring_attention on this rank's shard; returns out, lse, dq, dk, dv as fp64 CPU tensors."""
     leaves = [zigzag_shard(x.to(dtype), cu, cp, rank).to(device).requires_grad_() for x in xs]
-    out, lse = ring_attention(*leaves, cu, group, causal=causal, timeout=60.0, return_lse=True)
+    out, lse = ring_attention(*leaves, cu, group, causal=causal, timeout=60.0, return_lse=True, loop="cpp")
     out.backward(zigzag_shard(dout.to(dtype), cu, cp, rank).to(device))
     return [t.detach().double().cpu() for t in (out, lse, *(x.grad for x in leaves))]
 
@@ -83,7 +83,7 @@ def bench(scale: float) -> None:
     for _ in range(3):  # the first call warms up
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = ring_attention(*xs, cu, None, causal=True)
+        out = ring_attention(*xs, cu, None, causal=True, loop="cpp")
         torch.cuda.synchronize()
         t1 = time.perf_counter()
         out.backward(d)

@@ -112,7 +112,9 @@ def _build_model() -> TinyGPT:
 
 
 def _train_worker(rank: int, world: int, kind: str, impl: str, steps: int, use_megatron: Optional[bool]) -> dict:
-    groups = make_process_groups(timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    # dynacp's ring attention runs on the pool group (no group per ring); the all-gather oracle needs ring groups
+    groups = make_process_groups(timeout=datetime.timedelta(seconds=PG_TIMEOUT_S),
+                                 cp_groups="pool" if impl == "ring" else "lazy")
     data = [make_global_batch(BATCHES[s], seed=s) for s in range(steps)]
     stream = iter([sample for batch in data for sample in rank_share(batch, rank, world)])
     model = _build_model()
@@ -127,7 +129,8 @@ def _train_worker(rank: int, world: int, kind: str, impl: str, steps: int, use_m
         local_loss, local_count, mbs = 0.0, 0.0, []
         for mb in it:
             p = mb["packed_seq_params"]
-            logits = model(mb["tokens"], mb["position_ids"], lambda q, k, v, p=p: cp_attention(q, k, v, p, impl=impl))
+            logits = model(mb["tokens"], mb["position_ids"],
+                           lambda q, k, v, p=p, r=mb["cp_ring"]: cp_attention(q, k, v, p, impl=impl, cp_ring=r))
             loss_sum, count = masked_token_loss(logits, mb["labels"], mb["loss_mask"])
             loss_sum.backward()
             local_loss += float(loss_sum.detach())

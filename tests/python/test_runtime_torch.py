@@ -3,8 +3,8 @@
 Each distributed scenario runs this file as `python test_runtime_torch.py <scenario> <rank> <world> <port>` in
 separate processes (inheriting DYNACP_EXT_DIR / PYTHONPATH); the pytest side only checks exit codes and output, with
 a hard timeout so a hang fails instead of blocking CI. fp32 ring vs fp64 reference: atol = rtol = 1e-5; fp64 ring:
-1e-10. The ring runs the same C++ loop and Python exchange code as the CUDA path (only the kernel provider
-differs); the host-staged exchange used for CUDA buffers over gloo is exercised here on CPU tensors too.
+1e-10. Most checks run the default Python ring loop (tests/python/test_ring_loop.py covers it in depth); some run
+the C++ ring executor (``loop="cpp"``), including its host-staged exchange of CUDA buffers over gloo on CPU tensors.
 """
 
 from __future__ import annotations
@@ -64,13 +64,13 @@ def _inputs(seed, heads=4, kv_heads=2, dim=8):
     return cu, q, k, v, dout
 
 
-def _check_ring(group, members, causal, seed, dtype=torch.float32, tol=ATOL):
+def _check_ring(group, members, causal, seed, dtype=torch.float32, tol=ATOL, loop="python"):
     """Runs the ring on `group` and checks out, lse, dq, dk, dv against the fp64 reference on every member."""
     cu, q, k, v, dout = _inputs(seed)
     cp, rank = len(members), dist.get_rank(group)
     qg, kg, vg = (x.to(dtype, copy=True).requires_grad_() for x in (q, k, v))
     ql, kl, vl = (zigzag_shard(x, cu, cp, rank) for x in (qg, kg, vg))
-    out, lse = ring_attention(ql, kl, vl, cu, group, causal=causal, timeout=30.0, return_lse=True)
+    out, lse = ring_attention(ql, kl, vl, cu, group, causal=causal, timeout=30.0, return_lse=True, loop=loop)
     assert out.dtype == dtype and lse.dtype == dtype and lse.shape == ql.shape[:2], (out.dtype, lse.dtype)
     padding = torch.from_numpy(_core.zigzag_rows(cu, cp, rank, None)) < 0
     assert bool(torch.all(lse[padding] == float("-inf"))) and bool(torch.all(out[padding] == 0))
@@ -105,10 +105,12 @@ def _worker(scenario: str, rank: int, world: int, port: int) -> None:
     )
     if scenario == "ring":
         _check_ring(None, list(range(world)), True, seed=1)
+        _check_ring(None, list(range(world)), True, seed=1, loop="cpp")  # the C++ ring executor
         _check_ring(None, list(range(world)), [i % 2 == 0 for i in range(len(LENGTHS))], seed=2)
         _check_ring(None, list(range(world)), True, seed=6, dtype=torch.float64, tol=1e-10)
+        _check_ring(None, list(range(world)), False, seed=6, dtype=torch.float64, tol=1e-10, loop="cpp")
         ring_module._stage_through_host = _always_stage  # the CUDA-over-gloo exchange, on CPU tensors
-        _check_ring(None, list(range(world)), [i % 3 == 0 for i in range(len(LENGTHS))], seed=7)
+        _check_ring(None, list(range(world)), [i % 3 == 0 for i in range(len(LENGTHS))], seed=7, loop="cpp")
         assert _always_stage.calls == 2, _always_stage.calls  # one forward, one backward
         ring_module._stage_through_host = _default_stage
         # Groups of size 3 and 1: every rank must create every group, in the same order.

@@ -119,17 +119,29 @@ def allgather_kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
 
 
 def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed_seq_params: Any, causal: bool = True,
-                 impl: str = "auto") -> torch.Tensor:
+                 impl: str = "auto", cp_ring: Any = None, **ring_kwargs: Any) -> torch.Tensor:
     """Attention of one zigzag CP-sliced THD microbatch described by Megatron-style ``packed_seq_params``.
 
-    ``impl``: ``"ring"`` (runtime ring attention, error if missing), ``"allgather"`` (the oracle), ``"auto"``
-    (ring when importable).
+    ``impl``: ``"ring"`` (runtime ring attention, error if missing), ``"allgather"`` (the oracle; needs the ring's
+    own group), ``"auto"`` (ring when importable). ``cp_ring``: the microbatch's
+    :class:`~dynacp.integration.config.CPRing` (``mb["cp_ring"]``): the ring then runs on its group by its ranks --
+    with ``cp_groups="pool"`` the pool group, no group per ring. Without it the ring runs on
+    ``packed_seq_params.cp_group``. ``ring_kwargs`` go to ``dynacp.torch.ring_attention`` (e.g. ``block=``).
     """
     p = packed_seq_params
-    group = p.cp_group if (p.local_cp_size or 1) > 1 else None
+    cp = p.local_cp_size or 1
+    group = p.cp_group if cp > 1 else None
     ring = _ring_attention() if impl in ("auto", "ring") else None
     if impl == "ring" and ring is None:
         raise ImportError("dynacp.torch.ring_attention is not available")
+    if cp > 1 and ring is not None and cp_ring is not None:
+        return ring(q, k, v, p.cu_seqlens_q, cp_ring.group, causal=causal, ranks=list(cp_ring.ranks),
+                    cu_seqlens_padded=p.cu_seqlens_q_padded, **ring_kwargs)
+    if cp > 1 and group is None:
+        raise ValueError(f"this microbatch runs on a {cp}-rank ring without a group of its own (cp_groups='pool'): "
+                         "pass cp_ring=mb['cp_ring'] and use the ring attention (impl='ring' or 'auto'); the "
+                         "all-gather oracle needs cp_groups='lazy' or 'prebuilt'")
     if ring is not None and group is not None:
-        return ring(q, k, v, p.cu_seqlens_q, group, causal=causal, cu_seqlens_padded=p.cu_seqlens_q_padded)
+        return ring(q, k, v, p.cu_seqlens_q, group, causal=causal, cu_seqlens_padded=p.cu_seqlens_q_padded,
+                    **ring_kwargs)
     return allgather_kv_attention(q, k, v, p.cu_seqlens_q.tolist(), p.cu_seqlens_q_padded.tolist(), group, causal)

@@ -63,6 +63,13 @@ class Planner:
     """Compare the plan digest and config fingerprint across the pool every global batch. The all-gather that
     carries them runs either way: it is also the status exchange that makes a rank's planning error fail every
     rank together."""
+    ring_set: Optional[Sequence[Sequence[int]]] = None
+    """Restrict every plan to these CP rings (pool indices, ring order), e.g. ``rings.ring_set(pool_size,
+    ranks_per_node)``: for attention that needs one process group per ring (TransformerEngine), with
+    ``make_process_groups(cp_groups="prebuilt", ring_set=...)`` creating exactly these groups at start-up. Each plan
+    is mapped onto the set by :func:`dynacp.integration.rings.restrict_plan` and re-predicted; what this costs on
+    the benchmark workloads is in docs/benchmarks.md. ``None`` (default): no restriction (pp = 1 plans only when set).
+    """
     plan_fn: Optional[Callable[[np.ndarray], dynacp.Plan]] = None
     """Override: a deterministic function of the int64 lengths array returning a Plan (custom schedulers, tests).
     It must be deterministic and identical on every rank; the digest check still applies."""
@@ -84,10 +91,19 @@ class Planner:
     def plan(self, lengths: np.ndarray, pool_size: int) -> dynacp.Plan:
         """Plan one global batch (releases the GIL inside the C++ solver)."""
         if self.plan_fn is not None:
-            return self.plan_fn(lengths)
-        return dynacp.plan(lengths, cluster=self.resolved_cluster(pool_size), cost=self.cost or dynacp.CostModel(),
-                           strategy=self.strategy, pp=self.pp, vpp=self.vpp, count_policy=self.count_policy,
-                           tight_bound=self.tight_bound)
+            plan = self.plan_fn(lengths)
+        else:
+            plan = dynacp.plan(lengths, cluster=self.resolved_cluster(pool_size), cost=self.cost or dynacp.CostModel(),
+                               strategy=self.strategy, pp=self.pp, vpp=self.vpp, count_policy=self.count_policy,
+                               tight_bound=self.tight_bound)
+        if self.ring_set is None:
+            return plan
+        from dynacp.integration.rings import restrict_plan
+
+        options = dynacp.PlanOptions()
+        options.pp, options.vpp = self.pp, self.vpp
+        return restrict_plan(plan, lengths, self.resolved_cluster(pool_size), self.cost or dynacp.CostModel(),
+                             self.ring_set, options)
 
     def fingerprint(self) -> str:
         """A short stable hash of everything that determines the plan (for the cross-rank check)."""
@@ -97,6 +113,7 @@ class Planner:
             "cost": None if self.cost is None else dict(self.cost.to_dict()),
             "pp": self.pp, "vpp": self.vpp, "count_policy": self.count_policy, "empty_samples": self.empty_samples,
             "plan_fn": None if self.plan_fn is None else getattr(self.plan_fn, "__qualname__", repr(self.plan_fn)),
+            "ring_set": None if self.ring_set is None else [list(map(int, r)) for r in self.ring_set],
         }
         return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -109,27 +126,60 @@ class Planner:
                                                          if k not in ("name", "source")}}
 
 
-class CPGroupPool:
-    """Lazily created torch.distributed groups, one per CP ring of a plan, for every DP x CP pool in the world.
+CP_GROUP_MODES = ("pool", "lazy", "prebuilt")
 
-    ``torch.distributed.new_group`` must be called by every rank of the world in the same order (group-local
-    synchronisation hashes each rank's own group count and deadlocks when ranks create overlapping groups in different
-    numbers). :meth:`ensure` therefore walks the rings of a plan in plan order and creates, for each new ring, the
-    group of every pool in ``all_pools``; every world rank calls it with the same rings (it learns them from its own
-    planning, the TP broadcast or the PP broadcast). Groups keep the ring order (``sort_ranks=False``), so the group
-    rank of a member is its position in the ring, which is the zigzag chunk index it holds.
+
+@dataclass(frozen=True)
+class CPRing:
+    """How one microbatch's CP ring communicates: ``group`` and the group ranks ``ranks`` of the ring members in
+    ring order (``ranks[i]`` holds zigzag chunk i). With ``cp_groups="pool"`` the group is the DP x CP pool and the
+    ranks are pool indices (dynacp's ring attention sends P2P between neighbours over it); otherwise it is the
+    ring's own group and ``ranks`` is ``0..cp-1``. Pass it to ``dynacp.torch.ring_attention(group=..., ranks=...)``
+    or :func:`~dynacp.integration.attention.cp_attention` (``cp_ring=``)."""
+
+    group: Optional[dist.ProcessGroup]
+    """The process group the ring's P2P runs on (``None`` for a ring of one rank)."""
+    ranks: tuple[int, ...]
+    """Group ranks of the ring members, in ring order."""
+    index: int
+    """This rank's position in the ring (its zigzag chunk index)."""
+
+
+class CPGroupPool:
+    """The CP groups of plan rings, for every DP x CP pool in the world. Three modes:
+
+    * ``"pool"``: no group per ring. :meth:`ensure` creates nothing and :meth:`get` returns ``None``; dynacp's own
+      ring attention runs on the pool group by pool rank (:class:`CPRing`). No process group after start-up.
+    * ``"lazy"``: a ``torch.distributed.new_group`` per new ring, created when a plan first uses it (the behaviour
+      before ``"pool"`` existed; the all-gather oracle and per-ring-group attention without a bounded set).
+    * ``"prebuilt"``: the groups of ``ring_set`` (pool indices) are created in the constructor, at start-up;
+      :meth:`ensure` raises ValueError for a ring outside the set (set ``Planner.ring_set`` to the same rings).
+
+    ``new_group`` must be called by every rank of the world in the same order (group-local synchronisation hashes
+    each rank's own group count and deadlocks when ranks create overlapping groups in different numbers), so both
+    creating modes walk rings in one order and create each ring's group for every pool in ``all_pools``. Groups
+    keep the ring order (``sort_ranks=False``): the group rank of a member is its ring position (zigzag chunk).
+    ``created_after_startup`` counts the groups :meth:`ensure` created.
     """
 
-    def __init__(self, all_pools: Sequence[Sequence[int]], my_pool: int, timeout: datetime.timedelta):
+    def __init__(self, all_pools: Sequence[Sequence[int]], my_pool: int, timeout: datetime.timedelta,
+                 mode: str = "lazy", ring_set: Optional[Sequence[Sequence[int]]] = None):
+        if mode not in CP_GROUP_MODES:
+            raise ValueError(f"CPGroupPool mode must be one of {CP_GROUP_MODES}, got {mode!r}")
+        if (mode == "prebuilt") != (ring_set is not None):
+            raise ValueError("CPGroupPool: pass ring_set exactly when mode is 'prebuilt'")
         self.all_pools = [list(p) for p in all_pools]
         self.my_pool = my_pool
         self.timeout = timeout
+        self.mode = mode
+        self.created_after_startup = 0
         self._groups: dict[tuple[int, ...], Optional[dist.ProcessGroup]] = {}
+        if ring_set is not None:
+            self._create([tuple(int(r) for r in ring) for ring in ring_set])
 
-    def ensure(self, rings: Sequence[Sequence[int]]) -> None:
-        """Create the groups of rings (pool indices, ring order) not seen before. Collective over the world."""
-        for ring in rings:
-            key = tuple(int(r) for r in ring)
+    def _create(self, rings: Sequence[tuple[int, ...]]) -> int:
+        made = 0
+        for key in rings:
             if len(key) < 2 or key in self._groups:
                 continue
             mine = None
@@ -144,15 +194,44 @@ class CPGroupPool:
                 if p == self.my_pool:
                     mine = g
             self._groups[key] = mine
+            made += 1
+        return made
+
+    def ensure(self, rings: Sequence[Sequence[int]]) -> None:
+        """Make sure every ring (pool indices, ring order) can run: ``"lazy"`` creates the groups of rings not seen
+        before (collective over the world); ``"prebuilt"`` checks the rings are in the set; ``"pool"`` does
+        nothing."""
+        keys = [tuple(int(r) for r in ring) for ring in rings]
+        if self.mode == "pool":
+            return
+        if self.mode == "prebuilt":
+            missing = [list(k) for k in keys if len(k) > 1 and k not in self._groups]
+            if missing:
+                raise ValueError(f"CP rings {missing[:4]} are not in the pre-built ring set "
+                                 f"({len(self._groups)} rings); set Planner.ring_set to the rings the pool was "
+                                 "built with")
+            return
+        self.created_after_startup += self._create(keys)
 
     def get(self, ring: Sequence[int]) -> Optional[dist.ProcessGroup]:
-        """The group of ``ring`` (pool indices) in this rank's pool; ``None`` for a ring of one rank."""
+        """The group of ``ring`` (pool indices) in this rank's pool; ``None`` for a ring of one rank and in
+        ``"pool"`` mode."""
         key = tuple(int(r) for r in ring)
-        if len(key) < 2:
+        if len(key) < 2 or self.mode == "pool":
             return None
         if key not in self._groups:
             raise KeyError(f"CP group {key} was not created; call ensure() with the plan's rings first")
         return self._groups[key]
+
+    def ring(self, ring: Sequence[int], pool_group: dist.ProcessGroup, pool_index: int) -> CPRing:
+        """How this rank runs ``ring`` (pool indices): see :class:`CPRing`."""
+        key = tuple(int(r) for r in ring)
+        index = key.index(pool_index)
+        if len(key) < 2:
+            return CPRing(None, (0,), 0)
+        if self.mode == "pool":
+            return CPRing(pool_group, key, index)
+        return CPRing(self.get(key), tuple(range(len(key))), index)
 
     @property
     def num_groups(self) -> int:
@@ -172,7 +251,7 @@ class ProcessGroups:
     pool_ranks: list[int]
     """Global ranks of this rank's pool, by pool index."""
     cp_pool: CPGroupPool
-    """Lazily created CP groups (see :class:`CPGroupPool`)."""
+    """The CP groups of plan rings: none (``"pool"``), lazily created or pre-built (see :class:`CPGroupPool`)."""
     tp: Optional[dist.ProcessGroup] = None
     """Tensor-parallel group; only its rank 0 reads data, the others receive microbatches by broadcast."""
     tp_src: int = 0
@@ -202,9 +281,15 @@ class ProcessGroups:
 
 
 def make_process_groups(tp_size: int = 1, pp_size: int = 1,
-                        timeout: datetime.timedelta = datetime.timedelta(seconds=300)) -> ProcessGroups:
+                        timeout: datetime.timedelta = datetime.timedelta(seconds=300), *, cp_groups: str = "lazy",
+                        ring_set: Optional[Sequence[Sequence[int]]] = None) -> ProcessGroups:
     """Build :class:`ProcessGroups` for world = PP x DP_CP x TP with TP fastest:
     ``rank = (pp_rank * dp_cp_size + pool_index) * tp_size + tp_rank``. Collective: every rank calls it.
+
+    ``cp_groups`` (see :class:`CPGroupPool`): ``"pool"`` for dynacp's own ring attention (no process group is ever
+    created after this call), ``"prebuilt"`` with ``ring_set`` (pool indices) for attention that needs a group per
+    ring (TransformerEngine; pair it with ``Planner(ring_set=...)``), ``"lazy"`` (default, the behaviour of earlier
+    versions) for a group per ring created on first use.
     """
     world, me = dist.get_world_size(), dist.get_rank()
     if world % (tp_size * pp_size):
@@ -235,9 +320,16 @@ def make_process_groups(tp_size: int = 1, pp_size: int = 1,
                 pp = g
     assert dp_cp is not None
     return ProcessGroups(
-        dp_cp=dp_cp, pool_ranks=pools[my_pool], cp_pool=CPGroupPool(pools, my_pool, timeout),
+        dp_cp=dp_cp, pool_ranks=pools[my_pool],
+        cp_pool=CPGroupPool(pools, my_pool, timeout, cp_groups, None if cp_groups != "prebuilt" else
+                            ring_set if ring_set is not None else _missing_ring_set()),
         tp=tp if tp_size > 1 else None, tp_src=rank(my_p, my_d, 0),
         pp=pp if pp_size > 1 else None, pp_src=rank(0, my_d, my_t), timeout=timeout)
+
+
+def _missing_ring_set():
+    raise ValueError("make_process_groups(cp_groups='prebuilt') needs ring_set= (e.g. rings.ring_set(pool_size, "
+                     "ranks_per_node))")
 
 
 def replace(obj, **changes):

@@ -17,8 +17,9 @@ Flow per global batch (on the ranks that read data: TP rank 0 of a stage that ha
    rows travel;
 5. pipeline stages all-gather their status (any stage's error is raised by every stage), then stage 0 broadcasts
    the packing metadata over the PP group; TP rank 0 broadcasts metadata and tensors to its TP peers (or the error,
-   so they raise it too); every rank creates the CP groups of new rings
-   (:class:`~dynacp.integration.config.CPGroupPool`).
+   so they raise it too); with ``cp_groups="lazy"`` every rank creates the CP groups of new rings, with
+   ``"prebuilt"`` the rings are checked against the groups built at start-up, with ``"pool"`` (dynacp's ring
+   attention) no group is needed (:class:`~dynacp.integration.config.CPGroupPool`).
 
 Every wait has a timeout (``Planner.timeout``; see :mod:`dynacp.integration.status`).
 """
@@ -39,7 +40,7 @@ import torch.distributed as dist
 import dynacp
 from dynacp.integration.config import Planner, ProcessGroups
 from dynacp.integration.layout import cumulative, padded_length, zigzag_rows
-from dynacp.integration.packed import make_packed_seq_params
+from dynacp.integration.packed import make_packed_seq_params, make_te_context_parallel
 from dynacp.integration.status import (
     Failure,
     PlanMismatchError,
@@ -341,15 +342,23 @@ class DynamicCPDataIterator:
         return batch
 
     def _attach_groups(self, batch: GlobalBatch) -> None:
-        """Create the CP groups of new rings (collective over the world) and each microbatch's packed params."""
-        self.groups.cp_pool.ensure(batch.rings)
+        """Make the rings runnable (``cp_groups="lazy"``: create the groups of new rings, collective over the world;
+        ``"prebuilt"``: check them against the set; ``"pool"``: nothing) and attach each microbatch's packed params,
+        its :class:`~dynacp.integration.config.CPRing` (``"cp_ring"``) and its TransformerEngine CP parameters
+        (``"te"``, :class:`~dynacp.integration.packed.TEContextParallel`)."""
+        g = self.groups
+        g.cp_pool.ensure(batch.rings)
         for mb in batch.microbatches:
             ring = mb["ring"]
             if mb["cp_rank"] is None:
-                mb["cp_rank"] = list(ring).index(self.groups.pool_index)
+                mb["cp_rank"] = list(ring).index(g.pool_index)
+            group = g.cp_pool.get(ring)
+            mb["cp_ring"] = g.cp_pool.ring(ring, g.dp_cp, g.pool_index)
             mb["packed_seq_params"] = make_packed_seq_params(
-                mb["cu_seqlens"], mb["cu_seqlens_padded"], mb["max_seqlen"], len(ring),
-                self.groups.cp_pool.get(ring), use_megatron=self.use_megatron)
+                mb["cu_seqlens"], mb["cu_seqlens_padded"], mb["max_seqlen"], len(ring), group,
+                use_megatron=self.use_megatron)
+            mb["te"] = make_te_context_parallel(group, [g.pool_ranks[i] for i in ring], mb["cp_rank"],
+                                                mb["cu_seqlens"], mb["cu_seqlens_padded"], mb["max_seqlen"])
 
     # -- data-reading ranks: read, status exchange, plan --------------------------------------------------------------
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import time
 from datetime import timedelta
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from dynacp import _core
+from dynacp.torch import ring_loop
 
 ArrayLike = Union[torch.Tensor, np.ndarray, Sequence[int]]
 
@@ -98,11 +99,13 @@ class _GroupExchange:
     blocks the host until the work completes or the timeout passes (then torch aborts the NCCL communicator and
     raises); both become TimeoutError naming the peer. With `stage`, device buffers travel through host copies."""
 
-    def __init__(self, group, rank: int, workspace: _Workspace, stage: bool = False):
+    def __init__(self, group, rank: int, workspace: _Workspace, stage: bool = False,
+                 ranks: Optional[Sequence[int]] = None):
         self.group = group
         self.rank = rank
         self.workspace = workspace
         self.stage = stage
+        self.ranks = ranks  # group rank of each ring member (None: ring member i is group rank i)
 
     def __call__(self, ops, what: str, timeout_s: float) -> None:
         p2p, peers, tags, landing = [], [], {}, []
@@ -118,7 +121,8 @@ class _GroupExchange:
             tag = tags.get(key, 0)  # the i-th message between a pair matches the i-th receive
             tags[key] = tag + 1
             fn = dist.isend if kind == "send" else dist.irecv
-            global_peer = dist.get_global_rank(self.group, peer)  # P2P peers are global ranks
+            group_peer = peer if self.ranks is None else self.ranks[peer]
+            global_peer = dist.get_global_rank(self.group, group_peer)  # P2P peers are global ranks
             p2p.append(dist.P2POp(fn, buf, global_peer, self.group, tag))
             peers.append((kind, peer))
         if not p2p:
@@ -165,8 +169,8 @@ class _Ring:
     Every tensor handed to C++ is contiguous, on the device and of the documented shape and type: the loop gets
     addresses, and the kernels run on the current CUDA stream (so torch's stream ordering covers them)."""
 
-    def __init__(self, group, rank, size, cu, cu_padded, causal, scale, timeout, device, dtype):
-        self.group, self.rank, self.size = group, rank, size
+    def __init__(self, group, rank, size, cu, cu_padded, causal, scale, timeout, device, dtype, ranks=None):
+        self.group, self.rank, self.size, self.ranks = group, rank, size, ranks
         self.cu, self.cu_padded, self.causal, self.scale, self.timeout = cu, cu_padded, causal, scale, timeout
         self.device, self.dtype = device, dtype
         self.acc = _acc_dtype(device, dtype)
@@ -177,7 +181,7 @@ class _Ring:
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
             workspace = _Workspace(self.device)
             stage = _stage_through_host(self.device, self.group)
-            exchange = _GroupExchange(self.group, self.rank, workspace, stage)
+            exchange = _GroupExchange(self.group, self.rank, workspace, stage, self.ranks)
             comm = _core.make_callback_comm(self.rank, self.size, self.timeout, exchange)
             device = _ring_device(self.device, self.dtype)
             fn(comm, device, shape, *(t.data_ptr() for t in tensors), self.cu, self.cu_padded, self.causal,
@@ -198,6 +202,35 @@ class _Ring:
         dk = torch.empty(k.shape, dtype=self.acc, device=q.device)
         dv = torch.empty(k.shape, dtype=self.acc, device=q.device)
         self._run(_core.ring_backward, q, k, v, out, lse.contiguous(), dout, dq, dk, dv)
+        return dq.to(self.dtype), dk.to(self.dtype), dv.to(self.dtype)
+
+
+class _PyRing:
+    """One ring_attention call on the Python ring loop (ring_loop.py): block specs, neighbours, block function."""
+
+    def __init__(self, group, ranks, cu, cu_padded, causal, scale, timeout, q, block, recorder):
+        cp = len(ranks)
+        self.dtype = q.dtype
+        self.acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        self.comm = ring_loop.PoolP2P(group, ranks, timeout, recorder)
+        cu_p = _core.zigzag_layout(cu, cp, cu_padded)
+        flags = [bool(causal)] * (len(cu) - 1) if isinstance(causal, bool) else [bool(c) for c in causal]
+        if len(flags) != len(cu) - 1:
+            raise ValueError(f"causal: got {len(flags)} per-sequence flags for {len(cu) - 1} sequences")
+        if q.shape[0] != int(cu_p[-1]) // cp:
+            raise ValueError(f"q has {q.shape[0]} rows but the zigzag layout gives each of the {cp} ring members "
+                             f"{int(cu_p[-1]) // cp} rows (cu_seqlens_padded[-1] / cp)")
+        specs = ring_loop.build_specs(cu, cu_p, cp, self.comm.index, flags, q.device)
+        fn = ring_loop.make_block(block, q.device, q.dtype, q.shape[2])
+        self.loop = ring_loop.RingLoop(self.comm, specs, fn, ring_loop.default_scale(q.shape[2], scale), self.acc)
+
+    def forward(self, q, k, v):
+        out, lse = self.loop.forward(*(x.detach().contiguous() for x in (q, k, v)))
+        return out.to(self.dtype), lse
+
+    def backward(self, q, k, v, out, lse, dout):
+        q, k, v = (x.detach().contiguous() for x in (q, k, v))
+        dq, dk, dv = self.loop.backward(q, k, v, out.detach(), lse, dout.detach().to(self.dtype).contiguous())
         return dq.to(self.dtype), dk.to(self.dtype), dv.to(self.dtype)
 
 
@@ -225,46 +258,70 @@ def ring_attention(
     group: Any = None,
     causal: Union[bool, Sequence[bool]] = True,
     *,
+    ranks: Optional[Sequence[int]] = None,
     cu_seqlens_padded: Optional[ArrayLike] = None,
     softmax_scale: Optional[float] = None,
     timeout: float = 60.0,
     return_lse: bool = False,
+    loop: str = "python",
+    block: Any = None,
+    recorder: Optional[Callable[[str, int], None]] = None,
 ):
-    """Zigzag ring attention over the ranks of `group` (default: WORLD), as an autograd function.
+    """Zigzag ring attention over a ring of ranks of `group`, as an autograd function.
 
-    The C++ ring loop (one schedule, runtime/schedule.hpp) runs with the kernels of the tensors' device and moves
-    the kv (forward) and kv + dk/dv (backward) buffers with torch.distributed.batch_isend_irecv on `group`:
+    With ``loop="python"`` (default) the Python ring loop (:mod:`dynacp.torch.ring_loop`) runs with a block function
+    of the FlashAttention contract and exchanges kv (forward) and kv + dk/dv (backward) with ring neighbours by
+    ``batch_isend_irecv`` on `group`, double-buffered (hop t+1 in flight while block t is computed):
 
-    * CPU tensors (float32, float64): Eigen kernels; accumulation, output and LSE in the input type. Use gloo.
-    * CUDA tensors (float32, bfloat16, float16): the CUDA kernels of dynacp._cuda on the current stream of the
-      tensors' device, fp32 accumulation; the output and the gradients are returned in the input type, the LSE in
-      float32. Use NCCL (a gloo group also works: buffers are staged through host memory). The backward uses the
-      returned (rounded) output for rowsum(dO * O), as FlashAttention does. Requires a build with nvcc
-      (RuntimeError naming dynacp._cuda otherwise); head dim <= 128 (reference kernels).
+    * ``block=None``: CPU tensors (float32/float64) use :class:`~dynacp.torch.ring_loop.TorchBlock` (torch ops);
+      CUDA tensors use :class:`~dynacp.torch.ring_loop.FlashBlock` (aten FlashAttention-2 varlen kernels, float16 /
+      bfloat16, head dim a multiple of 8 up to 256); anything missing raises RuntimeError naming it.
+      ``block="torch"`` on CUDA is allowed with a warning (slow); or pass your own block function object.
+    * The LSE merge runs in float32 (float64 for float64 inputs); out is returned in the input dtype.
+
+    ``loop="cpp"`` runs the C++ ring executor instead (``_core.ring_forward``: Eigen kernels on the CPU, the
+    reference CUDA kernels of ``dynacp._cuda`` on CUDA; no overlap), kept as a cross-check.
 
     Args:
         q, k, v: this rank's zigzag shard, [local_tokens, heads, dim] and [local_tokens, kv_heads, dim]
             (see :func:`zigzag_shard`), on one device with one dtype. kv_heads must divide heads (GQA).
-        cu_seqlens: global offsets of the real tokens of the packed batch (the same on every rank).
-        group: the CP process group; its size is the CP degree (any integer >= 1).
+        cu_seqlens: global offsets of the real tokens of the packed batch (the same on every ring member).
+        group: the process group the ring's P2P runs on (default WORLD), e.g. the DP x CP pool: no group per ring.
         causal: one flag for all sequences, or one per sequence.
+        ranks: group ranks of the ring members in ring order (ring position = zigzag chunk index); default every
+            rank of `group` in group order. The CP degree is ``len(ranks)`` (any integer >= 1).
         cu_seqlens_padded: padded offsets; default pads each sequence to a multiple of 2 * cp.
         softmax_scale: default 1 / sqrt(dim).
-        timeout: seconds each ring exchange may take before TimeoutError (Work.wait(timeout); with NCCL, torch
-            aborts the group's communicator on a timeout, so the group cannot be used afterwards).
-        return_lse: also return the natural-log log-sum-exp [local_tokens, heads] (-inf on padding rows), in the
-            accumulation type (float32 on CUDA, the input type on the CPU).
+        timeout: seconds each ring hop may take before TimeoutError on gloo (NCCL: the group's own timeout).
+        return_lse: also return the natural-log LSE [local_tokens, heads] (-inf on padding rows), float32
+            (float64 for float64 inputs).
+        loop: "python" (default) or "cpp".
+        block: the block function of the Python loop (see above).
+        recorder: ``recorder(event, hop)`` called when a hop is posted / waited (tests and tracing).
 
     Returns:
         out [local_tokens, heads, dim] in the input dtype (zero on padding rows), and lse when return_lse.
     """
     _check_inputs(q, k, v)
-    group, rank, size = _group_rank(group)
+    group = group if group is not None else dist.group.WORLD
+    me = dist.get_rank(group)
+    if me < 0:
+        raise ValueError(f"global rank {dist.get_rank()} is not a member of the process group of the ring")
+    ring_ranks = list(range(dist.get_world_size(group))) if ranks is None else [int(r) for r in ranks]
+    if me not in ring_ranks:
+        raise ValueError(f"group rank {me} is not in the ring {ring_ranks}")
     cu = _as_int64(cu_seqlens)
     cu_padded = _as_int64(cu_seqlens_padded)
-    causal_arg = bool(causal) if isinstance(causal, (bool, np.bool_)) else np.asarray(causal, dtype=np.int64)
-    ring = _Ring(group, rank, size, cu, cu_padded, causal_arg, float(softmax_scale or 0.0), float(timeout), q.device,
-                 q.dtype)
+    if loop == "python":
+        ring: Any = _PyRing(group, ring_ranks, cu, cu_padded,
+                            bool(causal) if isinstance(causal, (bool, np.bool_)) else list(causal),
+                            softmax_scale, float(timeout), q, block, recorder)
+    elif loop == "cpp":
+        causal_arg = bool(causal) if isinstance(causal, (bool, np.bool_)) else np.asarray(causal, dtype=np.int64)
+        ring = _Ring(group, ring_ranks.index(me), len(ring_ranks), cu, cu_padded, causal_arg,
+                     float(softmax_scale or 0.0), float(timeout), q.device, q.dtype, ring_ranks)
+    else:
+        raise ValueError(f"loop must be 'python' or 'cpp', got {loop!r}")
     out, lse = _RingAttention.apply(q, k, v, ring)
     return (out, lse) if return_lse else out
 
