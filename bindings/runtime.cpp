@@ -125,8 +125,8 @@ void bind_runtime(py::module_& m) {
         auto a = out.mutable_unchecked<2>();
         for (std::size_t i = 0; i < blocks.size(); ++i) {
           const auto& b = blocks[i];
-          const std::int64_t row[10] = {b.row0, b.chunk, b.q_lo, b.q_hi, b.k_lo, b.k_hi, b.len, b.q_holder,
-                                        b.k_holder, b.causal};
+          const std::int64_t row[10] = {b.row0, b.chunk, b.q_lo,     b.q_hi,     b.k_lo,
+                                        b.k_hi, b.len,   b.q_holder, b.k_holder, b.causal};
           for (int j = 0; j < 10; ++j) a(static_cast<py::ssize_t>(i), j) = row[j];
         }
         return out;
