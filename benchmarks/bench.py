@@ -63,7 +63,7 @@ def released_peer(enabled: bool) -> Optional[Callable[..., dynacp.Plan]]:
 def run(args: argparse.Namespace) -> Tuple[List[str], bool]:
     cost = dynacp.CostModel()
     cluster = dynacp.Cluster(num_ranks=args.ranks, ranks_per_node=args.ranks_per_node,
-                             activation_budget=args.tokens_per_rank * cost.mem_per_token)
+                             tokens_per_rank=args.tokens_per_rank)
     peer = released_peer(args.megatron_core)
     names = dynacp.strategy_names() + (["megatron-core"] if peer else [])
     lines = [

@@ -21,4 +21,7 @@ void bind_pipeline(py::module_& m);
 std::vector<std::int64_t> to_int64_vector(const py::handle& obj, const char* what);
 void bind_balance(py::module_& m);
 void bind_log(py::module_& m);
+/// Sets the core logger's level from Python's `dynacp.core` logger (call with the GIL held, before releasing it), so
+/// a solve formats and forwards only the records Python would keep: no GIL round trip for a discarded DEBUG line.
+void sync_log_level();
 }  // namespace dynacp::py

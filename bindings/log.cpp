@@ -47,7 +47,23 @@ class PythonSink final : public spdlog::sinks::base_sink<spdlog::details::null_m
   void flush_() override {}
 };
 
+spdlog::level::level_enum spdlog_level(int python) {
+  if (python <= 5) return spdlog::level::trace;
+  if (python <= 10) return spdlog::level::debug;
+  if (python <= 20) return spdlog::level::info;
+  if (python <= 30) return spdlog::level::warn;
+  if (python <= 40) return spdlog::level::err;
+  return spdlog::level::critical;
+}
+
 }  // namespace
+
+void sync_log_level() {
+  if (core_log().sinks().empty()) return;  // detached (interpreter shutting down): stays off
+  const int level =
+      py::module_::import("logging").attr("getLogger")("dynacp.core").attr("getEffectiveLevel")().cast<int>();
+  core_log().set_level(spdlog_level(level));
+}
 
 void bind_log(py::module_& m) {
   set_log_sink(std::make_shared<PythonSink>());
@@ -56,6 +72,7 @@ void bind_log(py::module_& m) {
   m.def(
       "_log_test",
       [](const std::string& level, const std::string& message) {
+        sync_log_level();
         py::gil_scoped_release nogil;  // as a solve does: the sink must take the GIL itself
         core_log().log(spdlog::level::from_str(level), "{}", message);
       },

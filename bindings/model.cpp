@@ -1,3 +1,5 @@
+#include <numeric>
+
 #include "common.hpp"
 #include "dynacp/model/calibrate.hpp"
 #include "dynacp/model/error.hpp"
@@ -121,9 +123,11 @@ void bind_model(py::module_& m) {
           "rows",
           [](const CostModel& c, const py::object& lengths, int d, const Cluster& cl) {
             if (d < 1) throw InvalidArgument("degree must be >= 1, got " + std::to_string(d));
-            std::int64_t rows = 0;
-            for (auto len : to_int64_vector(lengths, "lengths")) rows += cl.padded_rows(len, d);
-            return rows;
+            Batch b;
+            b.lengths = to_int64_vector(lengths, "lengths");
+            std::vector<std::int64_t> ids(b.size());
+            std::iota(ids.begin(), ids.end(), std::int64_t{0});
+            return group_rows(b, cl, ids, d);
           },
           py::arg("lengths"), py::arg("degree"), py::arg("cluster"),
           "Rows each rank of a `degree`-rank ring holds for these sequences once padded (exact).")
@@ -161,6 +165,7 @@ void bind_model(py::module_& m) {
         for (std::size_t i = 0; i < lengths.size(); ++i) s.push_back({lengths[i], degrees[i], seconds[i], mask});
         FitReport rep;
         CostModel out;
+        sync_log_level();
         {
           py::gil_scoped_release nogil;
           out = fit_compute(base, s, &rep);

@@ -206,6 +206,7 @@ void bind_solve(py::module_& m) {
       [](const py::object& lengths, const Cluster& cluster, const CostModel& cost, const PlanOptions& options,
          const py::object& masks) {
         Batch b = make_batch(lengths, masks);
+        sync_log_level();
         py::gil_scoped_release nogil;
         return plan(b, cluster, cost, options);
       },

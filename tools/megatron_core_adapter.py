@@ -35,7 +35,7 @@ def main() -> int:
     args = ap.parse_args()
     cost = dynacp.CostModel()
     cluster = dynacp.Cluster(num_ranks=args.ranks, ranks_per_node=8,
-                             activation_budget=args.tokens_per_rank * cost.mem_per_token)
+                             tokens_per_rank=args.tokens_per_rank)
     print(f"P = {args.ranks} (8/node), {args.tokens_per_rank} tokens/rank, GBS {args.gbs}, {args.batches} batches "
           "per row; step times predicted (s), solve times measured (ms)\n")
     print("| workload | released step s | DynacpCPScheduler step s | dynacp step s | DynacpCPScheduler solve ms |")

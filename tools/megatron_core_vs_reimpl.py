@@ -32,7 +32,7 @@ def main() -> int:
     args = ap.parse_args()
     cost = dynacp.CostModel()
     cluster = dynacp.Cluster(num_ranks=args.ranks, ranks_per_node=8,
-                             activation_budget=args.tokens_per_rank * cost.mem_per_token)
+                             tokens_per_rank=args.tokens_per_rank)
     print(f"P = {args.ranks}, {args.tokens_per_rank} tokens/rank, GBS {args.gbs}, {args.batches} batches per row\n")
     print("| workload | same partition | groups (released / re-impl) | same CP size | widened (released / re-impl) "
           "| re-impl packed groups | step s (released / re-impl) |")

@@ -46,35 +46,7 @@ int CostModel::min_degree(std::int64_t tokens, const Cluster& cluster) const {
     invalid("the token capacity ", token_capacity(cluster), " per rank is below Cluster.seq_pad_multiple = ", k,
             "; no padded sequence fits a rank: raise Cluster.activation_budget");
   const std::int64_t d = (tokens + per_rank - 1) / per_rank;
-  return static_cast<int>(std::min<std::int64_t>(std::max<std::int64_t>(d, 1), kNoDegree));
-}
-
-namespace {
-std::int64_t floor_div(std::int64_t a, std::int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
-}  // namespace
-
-std::int64_t CostModel::rows(const GroupStats& g, int d, const Cluster& cluster) const {
-  const std::int64_t k = cluster.seq_pad_multiple;
-  if (g.count <= 1) return cluster.padded_rows(g.tokens, d);
-  const std::int64_t u = floor_div(g.tokens - g.count, d) + g.count * k;
-  return std::max<std::int64_t>(0, u / k * k);
-}
-
-bool CostModel::fits(const GroupStats& g, int d, const Cluster& cluster) const {
-  return rows(g, d, cluster) <= token_capacity(cluster);
-}
-
-int CostModel::min_degree(const GroupStats& g, const Cluster& cluster) const {
-  std::int64_t lo = std::max(1, min_degree(g.tokens, cluster));
-  if (fits(g, static_cast<int>(lo), cluster)) return static_cast<int>(lo);
-  // rows() does not grow with d once tokens >= count, and at d >= tokens it is count * k (rounded): search there.
-  std::int64_t hi = std::max<std::int64_t>({g.tokens, static_cast<std::int64_t>(lo) + 1, 2});
-  if (hi >= kNoDegree || !fits(g, static_cast<int>(hi), cluster)) return kNoDegree;
-  while (hi - lo > 1) {
-    const std::int64_t mid = lo + (hi - lo) / 2;
-    (fits(g, static_cast<int>(mid), cluster) ? hi : lo) = mid;
-  }
-  return static_cast<int>(hi);
+  return static_cast<int>(std::min<std::int64_t>(std::max<std::int64_t>(d, 1), 1 << 30));
 }
 
 double CostModel::compute_time(const GroupStats& g, int d) const {
@@ -127,9 +99,7 @@ int CostModel::best_degree(const GroupStats& g, int dmin, const Cluster& c) cons
   return time(g, arg[1], c) < time(g, arg[0], c) ? arg[1] : arg[0];
 }
 
-double CostModel::memory(const GroupStats& g, int d, const Cluster& cluster) const {
-  return mem_per_token * static_cast<double>(rows(g, d, cluster)) + mem_static;
-}
+double CostModel::memory(std::int64_t rows) const { return mem_per_token * static_cast<double>(rows) + mem_static; }
 
 double CostModel::work(std::int64_t len, Mask mask) const {
   const double s = static_cast<double>(len);
@@ -148,6 +118,12 @@ GroupStats group_stats(const Batch& batch, const CostModel& cost, std::span<cons
   for (auto id : ids)
     g.add(batch.lengths[static_cast<std::size_t>(id)], cost.eta(batch.mask(static_cast<std::size_t>(id))));
   return g;
+}
+
+std::int64_t group_rows(const Batch& batch, const Cluster& cluster, std::span<const std::int64_t> ids, int d) {
+  std::int64_t rows = 0;
+  for (auto id : ids) rows += cluster.padded_rows(batch.lengths[static_cast<std::size_t>(id)], d);
+  return rows;
 }
 
 }  // namespace dynacp

@@ -42,13 +42,12 @@ void Plan::validate(const Batch& batch, const Cluster& cluster, const CostModel&
           invalid("rank ", r, " appears more than once in microbatch ", m);
         rank_slot[static_cast<std::size_t>(r)] = static_cast<int>(m);
       }
-      std::int64_t rows = 0;
       for (auto id : g.sequences) {
         if (id < 0 || id >= n)
           invalid("microbatch ", m, " group ", gi, " names sequence ", id, " outside [0, ", n, ")");
         if (seen[static_cast<std::size_t>(id)]++) invalid("sequence ", id, " appears more than once in the plan");
-        rows += cluster.padded_rows(batch.lengths[static_cast<std::size_t>(id)], g.degree());
       }
+      const std::int64_t rows = group_rows(batch, cluster, g.sequences, g.degree());
       if (rows > cap)
         invalid("microbatch ", m, " group ", gi, " puts ", rows, " rows on each of its ", g.degree(),
                 " ranks once its sequences are padded to multiples of ", cluster.seq_pad_multiple, " x ", g.degree(),

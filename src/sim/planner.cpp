@@ -52,6 +52,7 @@ Predicted predict_with(const Plan& plan, const Batch& batch, const Cluster& clus
 /// Warns about sequences whose length is at least 90 % of what the whole pool holds: one such sequence occupies
 /// (nearly) every rank, so the plan is close to infeasible and usually a wrong budget or a wrong lengths file.
 void warn_near_capacity(const Batch& batch, std::int64_t cap, int ranks) {
+  if (!core_log().should_log(spdlog::level::warn)) return;
   const std::int64_t pool = cap * ranks;
   std::size_t count = 0, first = 0;
   for (std::size_t i = 0; i < batch.size(); ++i)
@@ -103,12 +104,13 @@ Plan plan(const Batch& batch, const Cluster& cluster, const CostModel& cost, con
   options.validate();
   const auto& strategy = solve::find_strategy(options.strategy);
   const std::int64_t cap = cost.token_capacity(cluster);
-  const std::int64_t k = cluster.seq_pad_multiple, most = cap / k * k * cluster.num_ranks;
   for (std::size_t i = 0; i < batch.size(); ++i)
-    if (batch.lengths[i] > most)
+    if (cost.min_degree(batch.lengths[i], cluster) > cluster.num_ranks) {
+      const std::int64_t k = cluster.seq_pad_multiple;
       invalid("sequence ", i, " has ", batch.lengths[i], " tokens but the whole pool of ", cluster.num_ranks,
-              " ranks holds at most ", most, " tokens of one sequence (", cap,
+              " ranks holds at most ", cap / k * k * cluster.num_ranks, " tokens of one sequence (", cap,
               " rows per rank; a sequence is padded to a multiple of ", k, " x ", cluster.num_ranks, " rows)");
+    }
   warn_near_capacity(batch, cap, cluster.num_ranks);
 
   const double lb = options.pp > 1 ? lower_bound(batch, cluster, cost, options) : -1.0;  // once, not per candidate

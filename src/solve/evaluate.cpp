@@ -30,9 +30,7 @@ Predicted evaluate(const Plan& plan, const Batch& batch, const Cluster& cluster,
         free[static_cast<std::size_t>(r)] = start + t;
         p.per_rank_time[static_cast<std::size_t>(r)] += t;
       }
-      std::int64_t rows = 0;
-      for (auto id : g.sequences) rows += cluster.padded_rows(batch.lengths[static_cast<std::size_t>(id)], d);
-      p.peak_tokens_per_rank = std::max(p.peak_tokens_per_rank, rows);
+      p.peak_tokens_per_rank = std::max(p.peak_tokens_per_rank, group_rows(batch, cluster, g.sequences, d));
     }
   }
   p.step_time = *std::max_element(free.begin(), free.end());

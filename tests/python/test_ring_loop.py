@@ -111,19 +111,19 @@ def test_ring_loop_six_processes_cp5_and_cp6():
     assert run_workers(_worker_rings, 6, rings=rings) == ["ok"] * 6
 
 
-@pytest.mark.skipif(not hasattr(_core, "ring_blocks"), reason="extension built before _core.ring_blocks existed")
-def test_python_schedule_equals_the_cpp_schedule():
-    rng = np.random.default_rng(3)
-    for cp in range(1, 7):
-        lens = [0, 1, 2 * cp - 1, 2 * cp, 37, 5] + rng.integers(0, 60, 4).tolist()
-        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-        flags = [bool(x) for x in rng.integers(0, 2, len(lens))]
-        cu_p = _core.zigzag_layout(cu, cp, None)
-        for rank in range(cp):
-            for step in range(cp):
-                got = ring_loop.step_blocks(cu, cu_p, cp, rank, step, flags)
-                want = _core.ring_blocks(cu, cp, rank, step, np.asarray(flags, dtype=np.int64), cu_p)
-                np.testing.assert_array_equal(got, want, err_msg=f"cp {cp} rank {rank} step {step}")
+def test_the_loop_runs_the_cpp_schedule_by_hand():
+    """Two sequences (5 tokens causal, padded to 8; 1 token full, padded to 4) on a ring of 2: chunks of 2 and 1 rows.
+    Step 0 is each rank's own diagonal block; at step 1 rank 0 holds rank 1's kv (src > rank: q back half, kv whole)
+    and rank 1 holds rank 0's (src < rank: q whole, kv front half); the full-mask sequence takes whole blocks."""
+    cu, cu_p = np.array([0, 5, 6]), np.array([0, 8, 12])
+    want = {
+        (0, 0): [[0, 2, 0, 4, 0, 4, 5, 0, 0, 1], [4, 1, 0, 2, 0, 2, 1, 0, 0, 0]],
+        (0, 1): [[0, 2, 2, 4, 0, 4, 5, 0, 1, 0], [4, 1, 0, 2, 0, 2, 1, 0, 1, 0]],
+        (1, 0): [[0, 2, 0, 4, 0, 4, 5, 1, 1, 1], [4, 1, 0, 2, 0, 2, 1, 1, 1, 0]],
+        (1, 1): [[0, 2, 0, 4, 0, 2, 5, 1, 0, 0], [4, 1, 0, 2, 0, 2, 1, 1, 0, 0]],
+    }
+    for (rank, step), rows in want.items():
+        assert ring_loop.step_blocks(cu, cu_p, 2, rank, step, [True, False]).tolist() == rows, (rank, step)
 
 
 def test_every_rank_computes_one_diagonal_and_cp_minus_one_half_blocks():

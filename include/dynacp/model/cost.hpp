@@ -58,15 +58,6 @@ struct CostModel {
   /// k * ceil(tokens / (k d)) <= capacity (k = seq_pad_multiple); ceil(tokens / capacity) when the capacity is a
   /// multiple of k. For a group of several sequences it is a lower bound on the group's least degree.
   int min_degree(std::int64_t tokens, const Cluster& cluster) const;
-  /// Rows per rank of group g on d ranks after padding, from its statistics alone: exact for one sequence, and for
-  /// several an upper bound at most count * k rows above the exact sum (every sequence's padding is < k d rows in
-  /// all, and the sum is a multiple of k): k * floor((floor((tokens - count) / d) + count * k) / k).
-  std::int64_t rows(const GroupStats& g, int d, const Cluster& cluster) const;
-  /// rows(g, d) <= token_capacity: the group fits d ranks once padded (a sufficient test; exact for one sequence).
-  bool fits(const GroupStats& g, int d, const Cluster& cluster) const;
-  /// Smallest degree on which `fits` holds; kNoDegree when no degree does (count * k rows exceed the capacity).
-  int min_degree(const GroupStats& g, const Cluster& cluster) const;
-  static constexpr int kNoDegree = 1 << 30;
 
   double compute_time(const GroupStats& g, int d) const;
   double attn_time(const GroupStats& g, int d) const;
@@ -81,8 +72,8 @@ struct CostModel {
   std::array<int, 2> piece_minima(const GroupStats& g, int dmin, const Cluster& cluster) const;
   /// The better of piece_minima (ties: the smaller degree).
   int best_degree(const GroupStats& g, int dmin, const Cluster& cluster) const;
-  /// Per-rank activation bytes M(G,d) = m * rows(g, d) + static.
-  double memory(const GroupStats& g, int d, const Cluster& cluster) const;
+  /// Per-rank activation bytes M(G,d) = m * R + static of a rank holding R padded rows (group_rows).
+  double memory(std::int64_t rows) const;
   /// Work of one sequence in rank-seconds when run alone on one rank without overheads: eta*a*s^2 + b*s.
   double work(std::int64_t len, Mask mask) const;
 
@@ -91,5 +82,7 @@ struct CostModel {
 
 /// Stats of the sequences `ids` of `batch`.
 GroupStats group_stats(const Batch& batch, const CostModel& cost, std::span<const std::int64_t> ids);
+/// R(G,d): the rows each rank of a d-rank ring holds for the sequences `ids` once padded (Cluster::padded_rows).
+std::int64_t group_rows(const Batch& batch, const Cluster& cluster, std::span<const std::int64_t> ids, int d);
 
 }  // namespace dynacp

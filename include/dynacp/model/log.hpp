@@ -16,8 +16,8 @@
 namespace dynacp {
 
 /// The core's logger ("dynacp"). Log calls: `core_log().debug("... {}", x)`. Its level is off while it has no sink
-/// (no formatting cost) and debug once one is set, so the sink (through the Python bridge, the Python logger's
-/// level) decides what is kept.
+/// (no formatting cost) and debug once one is set; the Python bridge then sets it from the Python logger's level
+/// before each solve (bindings/log.cpp, sync_log_level).
 spdlog::logger& core_log();
 
 /// Replaces the logger's sinks with `sink` (nullptr: no sink, silent again). Call before solving, not concurrently.

@@ -15,7 +15,9 @@ from dynacp import _core
 from dynacp.api import plan as make_plan
 from dynacp.commands import common
 
-#: Strategies planned in Python rather than the C++ registry; named explicitly with --strategies.
+#: Strategies planned in Python rather than the C++ registry: the names of
+#: dynacp.integration.megatron_core.PEER_STRATEGIES, written here so that `dynacp compare` imports that module (and
+#: torch with it) only when a peer is asked for; named explicitly with --strategies.
 PEERS = ["megatron-core"]
 
 # (table header, JSON key, what it means -- with its unit); the --help epilog, the JSON "columns" and the HTML

@@ -429,10 +429,9 @@ class DynacpCPScheduler:
         self.max_seq_len_per_rank = int(max_seq_len_per_rank)
         self.total_hdp_gpus = int(dp_cp_group.size())
         self.cost = cost or _core.CostModel()
-        m = self.cost.mem_per_token
         self.cluster = _core.Cluster(num_ranks=self.total_hdp_gpus,
                                      ranks_per_node=max(1, min(int(ranks_per_node), self.total_hdp_gpus)),
-                                     activation_budget=self.cost.mem_static + (self.max_seq_len_per_rank + 0.5) * m)
+                                     tokens_per_rank=self.max_seq_len_per_rank)
         self.cluster.validate()
         self.include_released = include_released
         self.last_plan: Optional[_core.Plan] = None

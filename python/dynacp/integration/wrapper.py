@@ -247,8 +247,8 @@ def _slice_rows(sample: dict, seq_id: int, cp: int, rank: int, out: torch.Tensor
     safe = torch.where(real, rows, torch.zeros_like(rows))
     for f, name in enumerate(FIELDS):
         col = _to_i64(sample[name])[safe] if n else torch.zeros(rows.numel(), dtype=torch.int64)
-        pad = _to_i64(torch.tensor([_PAD[name]], dtype=sample[name].dtype))
-        out[:, f] = torch.where(real, col, pad)
+        fill = _to_i64(torch.tensor([_PAD[name]], dtype=sample[name].dtype))
+        out[:, f] = torch.where(real, col, fill)
     out[:, len(FIELDS)] = torch.where(real, torch.full_like(rows, seq_id), torch.full_like(rows, -1))
 
 
@@ -716,10 +716,11 @@ class DynamicCPDataIterator:
                      "cu_seqlens_padded": np.asarray(m["cu_seqlens_padded"], dtype=np.int64),
                      "max_seqlen": int(m["max_seqlen"]), "cp_size": len(m["ring"]),
                      "group_ranks": np.asarray(m["ring"], dtype=np.int64)} for m in mbs] if src else None
+            started = time.monotonic()
             try:
                 return codec(meta, src=g.pp_src, group=g.pp, timeout=self.planner.timeout)
             except (RuntimeError, TimeoutError) as exc:
-                raise timed.error("the pipeline packing-metadata broadcast", time.monotonic(), exc) from exc
+                raise timed.error("the pipeline packing-metadata broadcast", started, exc) from exc
         # runtime codec not built: same content through a pickled broadcast
         obj = [{k: m[k] for k in ("cu_seqlens", "cu_seqlens_padded", "max_seqlen")} | {
             "cp_size": len(m["ring"]), "group_ranks": list(m["ring"])} for m in mbs] if src else None

@@ -131,9 +131,7 @@ def params_per_gpu(model: ModelConfig, layout: Layout, stage: str = "first") -> 
         dense += (pc.embedding + pc.output) / layout.tp
     elif stage == "first":
         dense += pc.embedding / layout.tp
-    elif stage == "middle":
-        pass
-    else:  # last stage: the output layer, or the tied copy of the embedding
+    elif stage == "last":  # the output layer, or the tied copy of the embedding (a middle stage holds neither)
         dense += (pc.output or pc.embedding) / layout.tp
     return dense, pc.experts * frac / (layout.etp * layout.ep)
 

@@ -1,7 +1,6 @@
 """The Python zigzag ring loop: one loop for every device, with a pluggable block function (see docs/runtime.md).
 
-The loop owns the schedule (the C++ ``runtime::ring_blocks`` zigzag schedule, mirrored by :func:`step_blocks` and
-tested equal to ``_core.ring_blocks``), the double-buffered K/V exchange, the LSE merge (fp32; fp64 for fp64 inputs)
+The loop runs the schedule of the C++ ``runtime::ring_blocks`` (``_core.ring_blocks``, through :func:`step_blocks`), the double-buffered K/V exchange, the LSE merge (fp32; fp64 for fp64 inputs)
 and the backward order (dK/dV travel the ring with the K/V they belong to and reach their owner one hop after the last
 step). A *block function* computes one ring step's attention over variable-length blocks with the FlashAttention
 contract -- the forward returns ``(out, lse)``, the backward takes ``(dout, q, k, v, out, lse)`` with the *global*
@@ -21,6 +20,7 @@ gloo it waits with the ring's timeout.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import math
 import threading
@@ -41,36 +41,16 @@ Recorder = Callable[[str, int], None]
 
 # -- schedule ---------------------------------------------------------------------------------------------------------
 
-def zigzag_step(rank: int, cp: int, step: int, causal: bool) -> tuple[int, str, str, bool]:
-    """``(src, q_part, kv_part, diagonal_mask)`` of ring step ``step`` on ``rank``; parts are "all", "front" or
-    "back" (runtime/schedule.hpp ``zigzag_step``, verbatim)."""
-    src = (rank - step) % cp
-    if not causal:
-        return src, "all", "all", False
-    if step == 0:
-        return src, "all", "all", True
-    if src < rank:
-        return src, "all", "front", False
-    return src, "back", "all", False
-
-
-def _part(p: str, chunk: int) -> tuple[int, int]:
-    return (chunk if p == "back" else 0), (chunk if p == "front" else 2 * chunk)
-
-
 def step_blocks(cu_seqlens: np.ndarray, cu_padded: np.ndarray, cp: int, rank: int, step: int,
                 causal: Sequence[bool]) -> np.ndarray:
     """The blocks of one ring step as int64 ``[n, 10]`` rows ``(row0, chunk, q_lo, q_hi, k_lo, k_hi, len, q_holder,
-    k_holder, causal)``: the same rows as the C++ ``runtime::ring_blocks`` (exposed as ``_core.ring_blocks``)."""
-    rows = []
-    for b in range(len(cu_seqlens) - 1):
-        chunk = int(cu_padded[b + 1] - cu_padded[b]) // (2 * cp)
-        if chunk == 0:
-            continue
-        src, qp, kp, diag = zigzag_step(rank, cp, step, bool(causal[b]))
-        rows.append((int(cu_padded[b]) // cp, chunk, *_part(qp, chunk), *_part(kp, chunk),
-                     int(cu_seqlens[b + 1] - cu_seqlens[b]), rank, src, int(diag)))
-    return np.asarray(rows, dtype=np.int64).reshape(-1, 10)
+    k_holder, causal)``: the C++ schedule itself (``runtime::ring_blocks``, exposed as ``_core.ring_blocks``), so the
+    CPU executor, the CUDA executor and this loop run one schedule."""
+    from dynacp import _core
+
+    flags = np.asarray([bool(c) for c in causal], dtype=np.int64)
+    return _core.ring_blocks(np.asarray(cu_seqlens, dtype=np.int64), cp, rank, step, flags,
+                             np.asarray(cu_padded, dtype=np.int64))
 
 
 def _valid_rows(row0: int, chunk: int, lo: int, hi: int, length: int, holder: int, cp: int) -> np.ndarray:
@@ -106,7 +86,22 @@ class BlockSpec:
 
 def build_specs(cu_seqlens: np.ndarray, cu_padded: np.ndarray, cp: int, rank: int, causal: Sequence[bool],
                 device: torch.device) -> list[list[BlockSpec]]:
-    """Every step's block specs, built on the host once per call and uploaded once (no host sync per hop)."""
+    """Every step's block specs, built on the host and uploaded once per layout: every layer of a microbatch has the
+    same cu_seqlens, so later calls reuse the first one's specs (read-only; no host sync per hop)."""
+    key = (np.asarray(cu_seqlens, dtype=np.int64).tobytes(), np.asarray(cu_padded, dtype=np.int64).tobytes(), cp,
+           rank, tuple(bool(c) for c in causal), str(device))
+    return _cached_specs(key)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_specs(key: tuple) -> list[list[BlockSpec]]:
+    cu_b, cu_p_b, cp, rank, causal, device = key
+    return _build_specs(np.frombuffer(cu_b, dtype=np.int64), np.frombuffer(cu_p_b, dtype=np.int64), cp, rank, causal,
+                        torch.device(device))
+
+
+def _build_specs(cu_seqlens: np.ndarray, cu_padded: np.ndarray, cp: int, rank: int, causal: Sequence[bool],
+                 device: torch.device) -> list[list[BlockSpec]]:
     rows = int(cu_padded[-1]) // cp
     steps = []
     for t in range(cp):
