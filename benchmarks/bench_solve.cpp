@@ -8,7 +8,7 @@
 #include <cmath>
 #include <random>
 
-#include "dynacp/sim/planner.hpp"
+#include "dynacp/api/planner.hpp"
 
 using namespace dynacp;
 

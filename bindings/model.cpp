@@ -112,6 +112,8 @@ void bind_model(py::module_& m) {
       .add("kv_bytes_per_token", &CostModel::kv_bytes_per_token, "bytes per token per ring hop (whole step)")
       .add("mem_per_token", &CostModel::mem_per_token, "m: activation bytes per token on a rank")
       .add("mem_static", &CostModel::mem_static, "static bytes charged against the activation budget")
+      .add("backward_ratio", &CostModel::backward_ratio,
+           "backward time : forward time of a microbatch (the 1F1B split; 2 = forward T/3, backward 2T/3)")
       .done();
   cost.def("validate", &CostModel::validate, "Raise ValueError naming the first bad coefficient.")
       .def("token_capacity", &CostModel::token_capacity, py::arg("cluster"), "Tokens one rank can hold.")

@@ -1,6 +1,6 @@
 #include "common.hpp"
 #include "dynacp/model/error.hpp"
-#include "dynacp/sim/planner.hpp"
+#include "dynacp/api/planner.hpp"
 #include "dynacp/solve/degrees.hpp"
 #include "dynacp/solve/evaluate.hpp"
 #include "dynacp/solve/packing.hpp"

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "dynacp/model/error.hpp"
+#include "dynacp/model/plan.hpp"
 
 namespace dynacp {
 
@@ -27,6 +28,7 @@ void CostModel::validate() const {
   check("kv_bytes_per_token", kv_bytes_per_token);
   check("mem_per_token", mem_per_token);
   check("mem_static", mem_static);
+  check("backward_ratio", backward_ratio);
   if (!(mem_per_token > 0)) invalid("CostModel.mem_per_token is ", mem_per_token, "; it must be > 0");
 }
 
@@ -65,6 +67,10 @@ double CostModel::comm_time(const GroupStats& g, int d, bool crosses, const Clus
 double CostModel::time(const GroupStats& g, int d, bool crosses, const Cluster& c) const {
   const double comm = comm_time(g, d, crosses, c);
   return compute_time(g, d) + comm - std::min(attn_time(g, d), comm);
+}
+
+double CostModel::group_time(const Group& group, const Batch& batch, const Cluster& cluster) const {
+  return time(group_stats(batch, *this, group.sequences), group.degree(), cluster.crosses_nodes(group.ranks), cluster);
 }
 
 double CostModel::time(const GroupStats& g, int d, const Cluster& c) const {

@@ -1263,8 +1263,7 @@ Plan reorder_slots(Plan plan, double t, const Batch& batch, const Cluster& clust
   std::vector<double> weight(n, 0.0);
   for (std::size_t k = 0; k < n; ++k)
     for (const auto& g : plan.microbatches[k]) {
-      const GroupStats st = group_stats(batch, cost, g.sequences);
-      weight[k] = std::max(weight[k], cost.time(st, g.degree(), crosses_nodes(g.ranks, cluster), cluster));
+      weight[k] = std::max(weight[k], cost.group_time(g, batch, cluster));
     }
   std::vector<std::size_t> cur(n);
   std::iota(cur.begin(), cur.end(), std::size_t{0});

@@ -21,16 +21,14 @@ Predicted evaluate(const Plan& plan, const Batch& batch, const Cluster& cluster,
   p.per_rank_time.assign(P, 0.0);
   for (const auto& slot : plan.microbatches) {
     for (const auto& g : slot) {
-      const GroupStats st = group_stats(batch, cost, g.sequences);
-      const int d = g.degree();
       double start = 0.0;
       for (int r : g.ranks) start = std::max(start, free[static_cast<std::size_t>(r)]);
-      const double t = cost.time(st, d, crosses_nodes(g.ranks, cluster), cluster);
+      const double t = cost.group_time(g, batch, cluster);
       for (int r : g.ranks) {
         free[static_cast<std::size_t>(r)] = start + t;
         p.per_rank_time[static_cast<std::size_t>(r)] += t;
       }
-      p.peak_tokens_per_rank = std::max(p.peak_tokens_per_rank, group_rows(batch, cluster, g.sequences, d));
+      p.peak_tokens_per_rank = std::max(p.peak_tokens_per_rank, group_rows(batch, cluster, g.sequences, g.degree()));
     }
   }
   p.step_time = *std::max_element(free.begin(), free.end());

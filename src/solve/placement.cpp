@@ -7,12 +7,6 @@
 
 namespace dynacp::solve {
 
-bool crosses_nodes(const std::vector<int>& ranks, const Cluster& cluster) {
-  for (int r : ranks)
-    if (cluster.node_of(r) != cluster.node_of(ranks.front())) return true;
-  return false;
-}
-
 std::vector<std::vector<int>> place_groups(const std::vector<int>& degrees, const Cluster& cluster) {
   const int rpn = cluster.ranks_per_node;
   const int nodes = cluster.num_nodes();

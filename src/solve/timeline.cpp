@@ -17,7 +17,7 @@ TimelineBuilder::TimelineBuilder(const Batch& batch, const Cluster& cluster, con
     : batch_(batch), cluster_(cluster), cost_(cost), free_(static_cast<std::size_t>(cluster.num_ranks), 0.0) {}
 
 double TimelineBuilder::time_of(const std::vector<int>& ranks, const GroupStats& stats) const {
-  return cost_.time(stats, static_cast<int>(ranks.size()), crosses_nodes(ranks, cluster_), cluster_);
+  return cost_.time(stats, static_cast<int>(ranks.size()), cluster_.crosses_nodes(ranks), cluster_);
 }
 
 double TimelineBuilder::add(std::vector<int> ranks, std::vector<std::int64_t> ids) {
@@ -90,8 +90,7 @@ std::vector<double> group_times(const std::vector<Group>& groups, const Batch& b
                                 const CostModel& cost) {
   std::vector<double> time(groups.size());
   for (std::size_t i = 0; i < groups.size(); ++i)
-    time[i] = cost.time(group_stats(batch, cost, groups[i].sequences), groups[i].degree(),
-                        crosses_nodes(groups[i].ranks, cluster), cluster);
+    time[i] = cost.group_time(groups[i], batch, cluster);
   return time;
 }
 }  // namespace

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "dynacp/model/error.hpp"
-#include "dynacp/sim/planner.hpp"
+#include "dynacp/api/planner.hpp"
 
 using namespace dynacp;
 

@@ -16,7 +16,7 @@
 #include "clusters.hpp"
 #include "dynacp/model/error.hpp"
 #include "dynacp/sim/pipeline.hpp"
-#include "dynacp/sim/planner.hpp"
+#include "dynacp/api/planner.hpp"
 #include "dynacp/solve/cover.hpp"
 #include "dynacp/solve/microbatch.hpp"
 #include "dynacp/solve/partitions.hpp"

@@ -9,7 +9,7 @@
 
 #include "clusters.hpp"
 #include "dynacp/model/error.hpp"
-#include "dynacp/sim/planner.hpp"
+#include "dynacp/api/planner.hpp"
 #include "dynacp/solve/degrees.hpp"
 #include "dynacp/solve/evaluate.hpp"
 #include "dynacp/solve/microbatch.hpp"
@@ -141,16 +141,16 @@ TEST(Placement, NodeContiguousWherePossible) {
   c.ranks_per_node = 8;
   // 5 + 3 share node 0; 6 + 2 share node 1
   auto rings = place_groups({5, 6, 3, 2}, c);
-  for (const auto& r : rings) EXPECT_FALSE(crosses_nodes(r, c));
+  for (const auto& r : rings) EXPECT_FALSE(c.crosses_nodes(r));
   EXPECT_EQ(rings[1], (std::vector<int>{0, 1, 2, 3, 4, 5}));
   // a 10-rank group takes node 0 whole and 2 ranks of node 1
   rings = place_groups({10, 6}, c);
   EXPECT_EQ(rings[0], (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
-  EXPECT_FALSE(crosses_nodes(rings[1], c));
+  EXPECT_FALSE(c.crosses_nodes(rings[1]));
   // 5 + 5 + 5 cannot all be node-local on 2 x 8: one spans
   rings = place_groups({5, 5, 5}, c);
   int crossing = 0;
-  for (const auto& r : rings) crossing += crosses_nodes(r, c);
+  for (const auto& r : rings) crossing += c.crosses_nodes(r);
   EXPECT_EQ(crossing, 1);
   EXPECT_THROW(place_groups({9, 8}, c), InvalidArgument);
 }

@@ -1,6 +1,7 @@
 // The DP x CP rank pool that a plan schedules onto.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string>
 
 namespace dynacp {
@@ -25,6 +26,12 @@ struct Cluster {
 
   int num_nodes() const { return num_ranks / ranks_per_node; }
   int node_of(int rank) const { return rank / ranks_per_node; }
+  /// True when the ranks do not all share one node (a ring over them uses the inter-node link).
+  bool crosses_nodes(std::span<const int> ranks) const {
+    for (int r : ranks)
+      if (node_of(r) != node_of(ranks.front())) return true;
+    return false;
+  }
   /// Rows each rank of a d-rank ring holds for one sequence of `len` tokens after padding: k * ceil(len / (k d)).
   std::int64_t padded_rows(std::int64_t len, int d) const {
     const std::int64_t unit = static_cast<std::int64_t>(seq_pad_multiple) * d;

@@ -21,6 +21,8 @@
 
 namespace dynacp {
 
+struct Group;
+
 /// Aggregate statistics of a group of sequences: all the cost model needs.
 struct GroupStats {
   std::int64_t tokens = 0;   ///< sum s
@@ -45,6 +47,9 @@ struct CostModel {
   double kv_bytes_per_token = 8.0 * 128 * 2 * 2 * 32 * 3;
   double mem_per_token = 2.44140625e6;  ///< m: activation bytes per token on a rank (40 GB holds 16,384 tokens)
   double mem_static = 0.0;              ///< static bytes per rank charged against the activation budget
+  /// Backward time : forward time of a microbatch (the 1F1B split): a group of time T runs T / (1 + r) forward and
+  /// r T / (1 + r) backward. 2 is the usual rule (the backward computes gradients of inputs and of weights).
+  double backward_ratio = 2.0;
 
   double eta(Mask m) const { return m == Mask::Full ? full_factor : causal_factor; }
 
@@ -72,6 +77,14 @@ struct CostModel {
   std::array<int, 2> piece_minima(const GroupStats& g, int dmin, const Cluster& cluster) const;
   /// The better of piece_minima (ties: the smaller degree).
   int best_degree(const GroupStats& g, int dmin, const Cluster& cluster) const;
+  /// T of one planned group: its sequences' stats on its degree, over the inter-node link when its ranks span nodes.
+  /// The one place a placed group's time is computed (evaluators, simulator input, polish passes).
+  double group_time(const Group& group, const Batch& batch, const Cluster& cluster) const;
+  /// The forward and the backward part of a microbatch of time t (backward_ratio), per stage-chunk of `chunks`.
+  double forward_time(double t, double chunks = 1.0) const { return t / ((1.0 + backward_ratio) * chunks); }
+  double backward_time(double t, double chunks = 1.0) const {
+    return backward_ratio * t / ((1.0 + backward_ratio) * chunks);
+  }
   /// Per-rank activation bytes M(G,d) = m * R + static of a rank holding R padded rows (group_rows).
   double memory(std::int64_t rows) const;
   /// Work of one sequence in rank-seconds when run alone on one rank without overheads: eta*a*s^2 + b*s.

@@ -12,7 +12,4 @@ namespace dynacp::solve {
 /// Result order matches `degrees`; each ring is ascending. Throws InvalidArgument if sum degrees > P.
 std::vector<std::vector<int>> place_groups(const std::vector<int>& degrees, const Cluster& cluster);
 
-/// True when the ranks do not all share one node.
-bool crosses_nodes(const std::vector<int>& ranks, const Cluster& cluster);
-
 }  // namespace dynacp::solve

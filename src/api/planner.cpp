@@ -1,4 +1,4 @@
-#include "dynacp/sim/planner.hpp"
+#include "dynacp/api/planner.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -32,13 +32,14 @@ Predicted predict_with(const Plan& plan, const Batch& batch, const Cluster& clus
   const double chunks = static_cast<double>(options.pp) * options.vpp;
   for (const auto& slot : plan.microbatches)
     for (const auto& g : slot) {
-      const GroupStats st = group_stats(batch, cost, g.sequences);
-      const double t = cost.time(st, g.degree(), solve::crosses_nodes(g.ranks, cluster), cluster);
+      const double t = cost.group_time(g, batch, cluster);
+      std::int64_t tokens = 0;
+      for (auto id : g.sequences) tokens += batch.lengths[static_cast<std::size_t>(id)];
       const int id = static_cast<int>(prob.group_ranks.size());
       prob.group_ranks.push_back(g.ranks);
-      prob.group_forward.push_back(t / (3 * chunks));
-      prob.group_backward.push_back(2 * t / (3 * chunks));
-      prob.group_memory.push_back(cost.mem_per_token * static_cast<double>((st.tokens + g.degree() - 1) / g.degree()) /
+      prob.group_forward.push_back(cost.forward_time(t, chunks));
+      prob.group_backward.push_back(cost.backward_time(t, chunks));
+      prob.group_memory.push_back(cost.mem_per_token * static_cast<double>((tokens + g.degree() - 1) / g.degree()) /
                                   chunks);
       for (int r : g.ranks) prob.rank_microbatches[static_cast<std::size_t>(r)].push_back(id);
     }

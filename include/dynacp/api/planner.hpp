@@ -1,4 +1,5 @@
-// The public planning entry point: validate inputs, run a strategy, predict its timeline, validate the plan.
+// The public front door: plan() validates inputs, runs a strategy, predicts its timeline and validates the plan;
+// predict() re-prices any plan; lower_bound() for given options. It sits above the model, solve and sim layers.
 #pragma once
 #include "dynacp/model/plan.hpp"
 #include "dynacp/solve/strategies.hpp"
