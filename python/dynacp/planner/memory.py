@@ -19,8 +19,10 @@ rank, T = b*s/c tokens per rank per micro-batch):
   probabilities inside the activation. That known over-estimate is left in, see docs/planner.md).
   ``recompute_mlp`` keeps 2h for dense MLPs only (Megatron's ``mlp`` module), ``recompute_moe`` 2h for MoE layers
   (its ``moe`` module). Full
-  recompute keeps 2h per layer plus one layer's working set. The first stage holds min(p, m) micro-batches of
-  L/p layers (interleaved: min(p * (1 + (p-1)/(p v)), m)), plus Megatron's input-id and embedding-dropout terms.
+  recompute keeps 2h per layer plus one layer's working set. Stage i (0-based) holds min(p - i, m) micro-batches
+  of its layers (interleaved: min(p + (p - 2i - 1)/v, m), Megatron's warm-up; :func:`in_flight`); the first,
+  the second and the last stage are priced and the largest reported. The first stage adds Megatron's input-id and
+  embedding-dropout terms.
 * Logits and cross-entropy on the last stage: (4h + 4V) per token / t, or 4h per token + 4V per chunk token when
   the cross-entropy is chunked.
 * Communication buffers: nccl_buffer_bytes per process group larger than one.
