@@ -204,8 +204,8 @@ def _mla_bytes_per_token(model: ModelConfig, opts: PlannerOptions) -> float:
     input (2h each), the query latent before and after its norm (2 x 2 q_lora), the key-value latent with its
     rotary part and the normed latent (2 (kv_lora + rope) + 2 kv_lora), the per-head q and k (2 a (d_qk + rope) each)
     and v (2 a d_v) unless ``recompute_mla_up_proj`` discards them, and the attention output (2 a d_v). Like every
-    term this is divided by TP; Megatron gathers the small latents over the sequence before the up-projections, so
-    they are under-counted by that factor (4 kB per token at TP 2 for DeepSeek-V3, under 3 % of the block)."""
+    term this is divided by TP: with sequence parallelism Megatron-Core 0.16 scatters the latents back to s / TP
+    tokens before their norms (``get_query_key_value_tensors``); the up-projections gather them only transiently."""
     h, a = model.hidden_size, model.num_attention_heads
     kv, rope = model.kv_lora_rank or 0, model.qk_pos_emb_head_dim
     qk, v = model.qk_head_dim + rope, model.v_head_dim
