@@ -380,3 +380,22 @@ def test_in_flight_is_megatron_cores_warm_up() -> None:
             total, all_warm, warm, _ = schedules.get_pp_rank_microbatches(m, v, p, p2p_communicator=comm)
             chunks = total if all_warm else warm + 1
             assert in_flight(pl.Layout(1, p, 1, 1, vpp=v), m, i) == pytest.approx(min(chunks, m * v) / v), (p, v, m, i)
+
+
+def test_in_flight_is_pytorchs_interleaved_warm_up() -> None:
+    """PyTorch's ScheduleInterleaved1F1B, the flexible-N schedule of the Llama 3 paper (N = M // (M // PP)
+    micro-batches per round, which is the paper's Figure 6 example, N = 5 for M = 10 and PP = 4), warms up
+    (v - 1) N + 2 (p - i - 1) chunks, capped at m v, and runs one more forward before its first backward. Where PP
+    divides M, N = PP and that is the planner's count: 141 one-layer chunks on rank 1 for Llama 3's PP16 x V8 at
+    M = 32."""
+    sched = pytest.importorskip("torch.distributed.pipelining.schedules")
+    warmup_ops = getattr(sched, "_get_warmup_ops", None)
+    if warmup_ops is None:
+        pytest.skip("this torch has no _get_warmup_ops")
+    for p, v, m in ((16, 8, 32), (16, 8, 16), (8, 4, 24), (4, 2, 8), (4, 5, 16)):
+        n = m // max(1, m // p)
+        assert n == p
+        for i in range(p):
+            chunks = min(warmup_ops(i, v, n, p, m) + 1, m * v)
+            assert in_flight(pl.Layout(1, p, 1, 1, vpp=v), m, i) == pytest.approx(chunks / v), (p, v, m, i)
+    assert min(warmup_ops(1, 8, 16, 16, 32) + 1, 256) == 141

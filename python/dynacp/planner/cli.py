@@ -36,7 +36,11 @@ def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) 
     g.add_argument("--lengths", metavar="FILE|DIST",
                    help="length distribution: a file (one integer per line, or .npy) or an embedded distribution")
     o = p.add_argument_group("training options")
-    o.add_argument("--optimizer", choices=OPTIMIZERS, default="distributed", help="default distributed")
+    o.add_argument("--optimizer", choices=OPTIMIZERS, default="distributed",
+                   help="data-parallel sharding of the model states: distributed (Megatron's distributed optimizer, "
+                        "= zero1: optimizer states), zero2 (also the gradients, reduce-scattered every micro-batch; "
+                        "FSDP without resharding after forward, as Llama 3), zero3 (also the weights; FSDP full "
+                        "shard), zero0 (plain DDP). Default distributed")
     o.add_argument("--grad-dtype", choices=["fp32", "bf16"], default="fp32", help="main gradients (default fp32)")
     o.add_argument("--recompute", choices=RECOMPUTE, default="selective", help="default selective")
     o.add_argument("--chunked-ce", action="store_true", help="fused/chunked cross-entropy")

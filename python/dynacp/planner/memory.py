@@ -19,8 +19,10 @@ rank, T = b*s/c tokens per rank per micro-batch):
   probabilities inside the activation. That known over-estimate is left in, see docs/planner.md).
   ``recompute_mlp`` keeps 2h for dense MLPs only (Megatron's ``mlp`` module), ``recompute_moe`` 2h for MoE layers
   (its ``moe`` module). Full
-  recompute keeps 2h per layer plus one layer's working set. The first stage holds min(p, m) micro-batches of
-  L/p layers (interleaved: min(p * (1 + (p-1)/(p v)), m)), plus Megatron's input-id and embedding-dropout terms.
+  recompute keeps 2h per layer plus one layer's working set. Stage i (0-based) holds min(p - i, m) micro-batches
+  of its layers (interleaved: min(p + (p - 2i - 1)/v, m), Megatron's warm-up; :func:`in_flight`); the first,
+  the second and the last stage are priced and the largest reported. The first stage adds Megatron's input-id and
+  embedding-dropout terms.
 * Logits and cross-entropy on the last stage: (4h + 4V) per token / t, or 4h per token + 4V per chunk token when
   the cross-entropy is chunked.
 * Communication buffers: nccl_buffer_bytes per process group larger than one.
@@ -202,8 +204,8 @@ def _mla_bytes_per_token(model: ModelConfig, opts: PlannerOptions) -> float:
     input (2h each), the query latent before and after its norm (2 x 2 q_lora), the key-value latent with its
     rotary part and the normed latent (2 (kv_lora + rope) + 2 kv_lora), the per-head q and k (2 a (d_qk + rope) each)
     and v (2 a d_v) unless ``recompute_mla_up_proj`` discards them, and the attention output (2 a d_v). Like every
-    term this is divided by TP; Megatron gathers the small latents over the sequence before the up-projections, so
-    they are under-counted by that factor (4 kB per token at TP 2 for DeepSeek-V3, under 3 % of the block)."""
+    term this is divided by TP: with sequence parallelism Megatron-Core 0.16 scatters the latents back to s / TP
+    tokens before their norms (``get_query_key_value_tensors``); the up-projections gather them only transiently."""
     h, a = model.hidden_size, model.num_attention_heads
     kv, rope = model.kv_lora_rank or 0, model.qk_pos_emb_head_dim
     qk, v = model.qk_head_dim + rope, model.v_head_dim

@@ -322,8 +322,19 @@ class PlannerOptions:
     """Training options and planner knobs."""
 
     optimizer: str = "distributed"
-    """'distributed' (Megatron distributed optimizer: fp32 main params + Adam moments sharded, grad buffer whole),
-    or ZeRO 'zero0' (plain DDP), 'zero1', 'zero2' (grads sharded too), 'zero3' (weights sharded too)."""
+    """How data parallelism shards the model states (bytes per parameter: bf16 weights 2, main grads g = 4 or 2 by
+    ``grad_dtype``, fp32 master + Adam moments 12; sharded over DP x CP, routed experts over EDP), and the DP
+    traffic that goes with it:
+
+    * 'distributed': Megatron's distributed optimizer, what NeMo / Megatron-Bridge run. Shards the 12 B; keeps the
+      whole gradient buffer over the micro-batches, reduce-scatters it once per step and all-gathers the updated
+      bf16 weights once. 'zero1' is the same.
+    * 'zero2': optimizer and gradients sharded (DeepSpeed ZeRO-2; FSDP with ``reshard_after_forward=False``, i.e.
+      SHARD_GRAD_OP, which the Llama 3 paper describes): every micro-batch's backward reduce-scatters its gradients
+      into the shard, hidden behind that backward; weights stay whole during the step, all-gathered once.
+    * 'zero3': weights sharded too (FSDP FULL_SHARD): a weight all-gather in every micro-batch's forward and again
+      in its backward.
+    * 'zero0': plain DDP, nothing sharded; one gradient all-reduce per step."""
     grad_dtype: str = "fp32"
     """Main-gradient dtype: 'fp32' (Megatron default with bf16 params: 6 + 12/d bytes/param) or 'bf16' (4 + 12/d)."""
     recompute: str = "selective"

@@ -81,8 +81,10 @@ def _nemo(*args: Any, options: Optional[Dict[str, Any]] = None) -> PublishedRun:
 def published_runs() -> List[PublishedRun]:
     """The validation table's rows (H100, 8 to 16,384 GPUs, dense and MoE)."""
     r = PublishedRun
-    # Table 4's DP is FSDP without resharding after forward (paper, Sec. 3.3.2). V = 8: "the first model chunk on
-    # the first stage has only the embedding" makes a chunk one layer, (126 + 2) / 16 = 8 chunks per rank.
+    # Table 4's DP is FSDP that "shards optimizer states and gradients" and does not reshard the weights after the
+    # forward (paper, Sec. 3.3.2): ZeRO-2, every micro-batch reduce-scattering its gradients. V = 8: "the first
+    # model chunk on the first stage has only the embedding" makes a chunk one layer, (126 + 2) / 16 = 8 chunks per
+    # rank.
     fsdp = {"optimizer": "zero2"}
     t8k, d8k = _llama3_tokens(430, 8192)
     t16k, d16k = _llama3_tokens(400, 8192)
