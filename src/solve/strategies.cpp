@@ -1,5 +1,6 @@
 #include "dynacp/solve/strategies.hpp"
 
+#include <cmath>
 #include <algorithm>
 #include <numeric>
 
@@ -13,6 +14,10 @@ namespace dynacp {
 void PlanOptions::validate() const {
   if (pp < 1) invalid("PlanOptions.pp is ", pp, "; it must be >= 1");
   if (vpp < 1) invalid("PlanOptions.vpp is ", vpp, "; it must be >= 1");
+  if (threads < 0) invalid("PlanOptions.threads is ", threads, "; it must be >= 0 (0 = every hardware thread)");
+  if (!(time_limit_s >= 0) || !std::isfinite(time_limit_s))
+    invalid("PlanOptions.time_limit_s is ", time_limit_s, " s; it must be finite and >= 0 (0 = no limit)");
+  tuning.validate();
 }
 
 namespace solve {

@@ -38,6 +38,10 @@ struct Plan {
   double solve_ms = 0.0;
   std::vector<std::vector<Group>> microbatches;
   Predicted predicted;
+  /// Metadata (not part of the digest): the dynacp candidate family that produced the plan (empty for the other
+  /// strategies), and whether the solve stopped at its time limit with the best plan found so far.
+  std::string family;
+  bool partial = false;
 
   /// Number of slots rank r takes part in.
   int microbatches_of(int rank) const;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "dynacp/model/plan.hpp"
+#include "dynacp/solve/dynacp_tuning.hpp"
 
 namespace dynacp {
 
@@ -23,6 +24,17 @@ struct PlanOptions {
   /// How strategies that weigh several candidate plans score them (lower is better). dynacp::plan sets it to the
   /// full prediction (pipeline simulator when pp > 1); empty means the group-timeline step time.
   std::function<double(const Plan&)> score;
+  /// `dynacp` only: every tuning constant of its search (DynacpTuning); the defaults are the benchmarked ones.
+  DynacpTuning tuning;
+  /// `dynacp` only: threads that build and score candidates; 0 = the machine's hardware threads. The plan is
+  /// bit-identical for every thread count.
+  int threads = 0;
+  /// `dynacp` only: seconds after which no new candidate is built; the best plan found so far is returned with
+  /// Plan::partial set. 0 = no limit.
+  double time_limit_s = 0.0;
+  /// Called between candidate builds on the calling thread; may throw to abort the solve (Python's bindings raise
+  /// KeyboardInterrupt from it on Ctrl-C). Empty = never.
+  std::function<void()> check_interrupt;
   void validate() const;
 };
 
@@ -48,6 +60,9 @@ Plan fcp(const Batch&, const Cluster&, const CostModel&, const PlanOptions&);
 Plan megatron(const Batch&, const Cluster&, const CostModel&, const PlanOptions&);
 Plan bytescale(const Batch&, const Cluster&, const CostModel&, const PlanOptions&);
 Plan dynacp(const Batch&, const Cluster&, const CostModel&, const PlanOptions&);
+/// The names of dynacp's candidate families in registry order (the values Plan::family takes, besides
+/// "pool-slots", the fallback when no candidate meets the count policy).
+std::vector<std::string> dynacp_families();
 
 }  // namespace solve
 }  // namespace dynacp

@@ -1,0 +1,208 @@
+// The Builder's shared parts: per-sequence facts, degree rules, the rank picker and the small bin helpers.
+#include "builder.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "dynacp/model/error.hpp"
+
+namespace dynacp::solve::dyn {
+
+NodePicker::NodePicker(int P, int rpn)
+    : rpn_(rpn), nodes_(P / rpn), sorted_(static_cast<std::size_t>(P / rpn)), kth_(static_cast<std::size_t>(rpn)) {
+  for (int n = 0; n < nodes_; ++n) {
+    for (int j = 0; j < rpn; ++j) sorted_[static_cast<std::size_t>(n)].push_back({0.0, n * rpn + j});
+    for (int k = 0; k < rpn; ++k) kth_[static_cast<std::size_t>(k)].insert({0.0, n});
+  }
+}
+
+std::vector<int> NodePicker::pick(int d, const std::vector<double>& free) const {
+  std::vector<int> out;
+  if (d <= rpn_) {
+    const int node = kth_[static_cast<std::size_t>(d - 1)].begin()->second;
+    for (int j = 0; j < d; ++j)
+      out.push_back(sorted_[static_cast<std::size_t>(node)][static_cast<std::size_t>(j)].second);
+  } else {
+    const int k = std::min(nodes_, (d + rpn_ - 1) / rpn_);
+    int best = 0;
+    double best_t = 0;
+    std::vector<double> window;
+    for (int first = 0; first + k <= nodes_; ++first) {  // window start time = its d-th earliest free rank
+      window.clear();
+      for (int n = first; n < first + k; ++n)
+        for (const auto& [t, r] : sorted_[static_cast<std::size_t>(n)]) window.push_back(t);
+      std::nth_element(window.begin(), window.begin() + (d - 1), window.end());
+      const double t = window[static_cast<std::size_t>(d - 1)];
+      if (first == 0 || t < best_t) best = first, best_t = t;
+    }
+    std::vector<std::pair<double, int>> cand;
+    for (int r = best * rpn_; r < (best + k) * rpn_; ++r) cand.push_back({free[static_cast<std::size_t>(r)], r});
+    if (static_cast<int>(cand.size()) < d)
+      for (int r = 0; r < static_cast<int>(free.size()); ++r)
+        if (r < best * rpn_ || r >= (best + k) * rpn_) cand.push_back({free[static_cast<std::size_t>(r)], r});
+    std::stable_sort(cand.begin(), cand.end());
+    for (int j = 0; j < d; ++j) out.push_back(cand[static_cast<std::size_t>(j)].second);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void NodePicker::update(int node, const std::vector<double>& free) {
+  auto& s = sorted_[static_cast<std::size_t>(node)];
+  for (int k = 0; k < rpn_; ++k) kth_[static_cast<std::size_t>(k)].erase({s[static_cast<std::size_t>(k)].first, node});
+  for (auto& [t, r] : s) t = free[static_cast<std::size_t>(r)];
+  std::sort(s.begin(), s.end());
+  for (int k = 0; k < rpn_; ++k) kth_[static_cast<std::size_t>(k)].insert({s[static_cast<std::size_t>(k)].first, node});
+}
+
+std::vector<std::size_t> rise_then_fall(const std::vector<double>& w, int pp) {
+  std::vector<std::size_t> by(w.size());
+  std::iota(by.begin(), by.end(), std::size_t{0});
+  std::stable_sort(by.begin(), by.end(), [&](std::size_t x, std::size_t y) { return w[x] < w[y]; });
+  const std::size_t q = std::min<std::size_t>(static_cast<std::size_t>(std::max(pp - 1, 0)), w.size() / 4);
+  std::vector<std::size_t> out(by.begin(), by.begin() + static_cast<std::ptrdiff_t>(q));
+  for (std::size_t i = by.size(); i > q; --i) out.push_back(by[i - 1]);
+  return out;
+}
+
+std::vector<std::size_t> own_order(const std::vector<double>& w, OwnOrder order, int pp) {
+  if (order == OwnOrder::RiseThenFall) return rise_then_fall(w, pp);
+  std::vector<std::size_t> by(w.size());
+  std::iota(by.begin(), by.end(), std::size_t{0});
+  std::stable_sort(by.begin(), by.end(), [&](std::size_t x, std::size_t y) { return w[x] < w[y]; });
+  std::vector<std::size_t> out(by.size());
+  if (order == OwnOrder::HeaviestFirst) {
+    std::reverse_copy(by.begin(), by.end(), out.begin());
+  } else {
+    std::size_t lo = 0, hi = by.size();
+    for (std::size_t i = 0; i < by.size(); ++i) out[i % 2 == 0 ? lo++ : --hi] = by[i];
+  }
+  return out;
+}
+
+Builder::Builder(const Batch& b, const Cluster& c, const CostModel& m, const DynacpTuning& tuning)
+    : batch_(b), cluster_(c), cost_(m), tuning_(tuning) {
+  cap_ = cost_.token_capacity(cluster_);
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    const double eta = cost_.eta(b.mask(i));
+    Seq q{static_cast<std::int64_t>(i), b.lengths[i], eta, cost_.work(b.lengths[i], b.mask(i)),
+          cost_.min_degree(b.lengths[i], cluster_)};
+    q.rows1 = cluster_.padded_rows(q.len, 1);
+    q.lo[0] = q.dmin, q.lo[1] = std::max(q.dmin, cluster_.ranks_per_node + 1);
+    GroupStats g;
+    g.add(q.len, q.eta);
+    const auto arg = cost_.piece_minima(g, q.dmin, cluster_);
+    q.arg[0] = arg[0], q.arg[1] = arg[1];
+    q.t1 = time1(q, 1);
+    seqs_.push_back(q);
+  }
+  order_.resize(seqs_.size());
+  std::iota(order_.begin(), order_.end(), std::size_t{0});
+  std::stable_sort(order_.begin(), order_.end(), [&](std::size_t x, std::size_t y) {
+    return seqs_[x].work != seqs_[y].work ? seqs_[x].work > seqs_[y].work : x < y;
+  });
+}
+
+double Builder::time1(const Seq& s, int d) const {
+  GroupStats g;
+  g.add(s.len, s.eta);
+  return cost_.time(g, d, cluster_);
+}
+
+int Builder::degree_for(const Seq& s, double tau) const {
+  int best = 0;
+  for (int k = 0; k < 2; ++k) {
+    if (s.arg[k] == 0) continue;
+    if (time1(s, s.arg[k]) <= tau) {
+      int a = s.lo[k], z = s.arg[k];
+      while (a < z) {
+        const int m = a + (z - a) / 2;
+        if (time1(s, m) <= tau)
+          z = m;
+        else
+          a = m + 1;
+      }
+      return a;
+    }
+    if (best == 0 || time1(s, s.arg[k]) < time1(s, best)) best = s.arg[k];
+  }
+  return best;
+}
+
+double Builder::upper_tau() const {
+  double t = 0;
+  for (const auto& s : seqs_) t = std::max(t, time1(s, s.dmin));
+  return t;
+}
+
+double Builder::total_work() const {
+  double w = 0;
+  for (const auto& q : seqs_) w += q.work;
+  return w;
+}
+
+bool Builder::has_wide_rings() const {
+  for (const auto& q : seqs_)
+    if (q.dmin > cluster_.ranks_per_node) return true;
+  return false;
+}
+
+double Builder::largest_work() const { return order_.empty() ? 0.0 : seqs_[order_.front()].work; }
+
+std::vector<std::pair<std::size_t, int>> Builder::signature(double tau) const {
+  std::vector<std::pair<std::size_t, int>> sig;
+  for (std::size_t i = 0; i < seqs_.size(); ++i)
+    if (seqs_[i].dmin > 1 || seqs_[i].t1 > tau) sig.push_back({i, degree_for(seqs_[i], tau)});
+  return sig;
+}
+
+// Splits `ids` (longest work first) into short sequences (one rank, within tau) and rings with their degree for
+// tau, the rings sorted by `ring_order`: 0 largest area T d, 1 longest, 2 widest.
+void Builder::classify(const std::vector<std::size_t>& ids, double tau, int ring_order,
+                       std::vector<std::size_t>& shorts, std::vector<Ring>& rings) const {
+  for (std::size_t i : ids) {
+    const Seq& q = seqs_[i];
+    if (q.dmin == 1 && q.t1 <= tau) {
+      shorts.push_back(i);
+    } else {
+      const int d = degree_for(q, tau);
+      rings.push_back({i, d, time1(q, d)});
+    }
+  }
+  std::stable_sort(rings.begin(), rings.end(), [ring_order](const Ring& a, const Ring& b) {
+    if (ring_order == 1) return a.t > b.t;
+    if (ring_order == 2) return a.d != b.d ? a.d > b.d : a.t > b.t;
+    return a.t * a.d > b.t * b.d;
+  });
+}
+
+// Splits a group in two by two-way LPT over its sequences, longest work first (ties: lower index).
+std::pair<Bin, Bin> Builder::halve(const Bin& all) const {
+  std::vector<std::size_t> ids = all.seqs;
+  std::stable_sort(ids.begin(), ids.end(), [&](std::size_t x, std::size_t y) {
+    return seqs_[x].work != seqs_[y].work ? seqs_[x].work > seqs_[y].work : x < y;
+  });
+  Bin a, b;
+  for (std::size_t i : ids) add_to(a.work <= b.work ? a : b, i);
+  return {std::move(a), std::move(b)};
+}
+
+void Builder::add_to(Bin& b, std::size_t i) const {
+  b.seqs.push_back(i), b.rows += seqs_[i].rows1, b.work += seqs_[i].work;
+}
+
+void Builder::move_item(Bin& from, std::size_t k, Bin& to) const {
+  const Seq& s = seqs_[from.seqs[k]];
+  to.seqs.push_back(from.seqs[k]);
+  to.rows += s.rows1, to.work += s.work;
+  from.seqs.erase(from.seqs.begin() + static_cast<std::ptrdiff_t>(k));
+  from.rows -= s.rows1, from.work -= s.work;
+}
+
+std::vector<std::int64_t> Builder::ids_of(const Bin& b) const {
+  std::vector<std::int64_t> ids;
+  for (std::size_t i : b.seqs) ids.push_back(seqs_[i].id);
+  return ids;
+}
+
+}  // namespace dynacp::solve::dyn

@@ -1,0 +1,290 @@
+// The `dynacp` strategy's driver: one search context, the candidate families of the registry in order (each
+// generating, scoring and pooling its plans), the slot-order polish of every family's pool, and the final choice;
+// on pipelines the winner gets the class and ring order polish. The plan records which family produced it.
+// docs/strategies.md ("dynacp: the portfolio") describes every family; DynacpTuning holds every constant.
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <thread>
+
+#include "dynacp/model/error.hpp"
+#include "dynacp/solve/evaluate.hpp"
+#include "dynacp/solve/timeline.hpp"
+#include "search.hpp"
+
+namespace dynacp {
+
+void DynacpTuning::validate() const {
+  auto at_least = [](const char* field, long long v, long long lo) {
+    if (v < lo) invalid("DynacpTuning.", field, " is ", v, "; it must be >= ", lo);
+  };
+  auto positive = [](const char* field, double v) {
+    if (!std::isfinite(v) || v <= 0) invalid("DynacpTuning.", field, " is ", v, "; it must be finite and > 0");
+  };
+  auto list = [&](const char* field, const std::vector<double>& v) {
+    if (v.empty()) invalid("DynacpTuning.", field, " is empty; give at least one value");
+    for (double x : v) positive(field, x);
+  };
+  at_least("tau_grid", tau_grid, 1), at_least("tau_refine_steps", tau_refine_steps, 0);
+  at_least("tau_refine_division", tau_refine_division, 1);
+  at_least("flat_local_search_rounds", flat_local_search_rounds, 0), at_least("ring_orders", ring_orders, 1);
+  at_least("wide_nodes", wide_nodes, 0), at_least("neighbour_degrees", neighbour_degrees, 0);
+  at_least("gap_tries", gap_tries, 0), at_least("search_receivers", search_receivers, 1);
+  at_least("search_items", search_items, 0), at_least("knee_max_multiple", knee_max_multiple, 1);
+  at_least("slot_tau_grid", slot_tau_grid, 1), at_least("mu_grid", mu_grid, 2), at_least("break_mus", break_mus, 0);
+  at_least("variant_trials", variant_trials, 0), at_least("shelf_giants", shelf_giants, 0);
+  at_least("shelf_orders", shelf_orders, 0), at_least("shelf_layouts", shelf_layouts, 0);
+  at_least("shelf_stride_ranks", shelf_stride_ranks, 1), at_least("unit_giants", unit_giants, 0);
+  at_least("reorder_budget", reorder_budget, 0);
+  if (ring_orders > 3) invalid("DynacpTuning.ring_orders is ", ring_orders, "; there are 3 ring orders");
+  positive("shelf_saturation", shelf_saturation), positive("mu_floor", mu_floor);
+  positive("extra_threshold", extra_threshold), positive("break_low", break_low), positive("break_high", break_high);
+  positive("isolate", isolate), positive("shelf_profile_ratio", shelf_profile_ratio);
+  list("slot_edges", slot_edges), list("ring_targets", ring_targets), list("extra_targets", extra_targets);
+  list("lead_fractions", lead_fractions), list("profile_ratios", profile_ratios);
+  list("shelf_mu_factors", shelf_mu_factors), list("shelf_lead_fractions", shelf_lead_fractions);
+  for (double f : mu_refine)
+    if (!std::isfinite(f)) invalid("DynacpTuning.mu_refine holds ", f, "; values must be finite");
+  for (int n : lead_counts) at_least("lead_counts", n, 1);
+  for (int n : shelf_drops) at_least("shelf_drops", n, 0);
+  for (const auto& name : skip_families) solve::dyn::family_index(name);  // throws naming the known families
+}
+
+namespace solve {
+namespace dyn {
+
+Runner::Runner(int threads, std::function<void()> check, double time_limit_s)
+    : threads_(std::max(1, threads)), check_(std::move(check)), has_deadline_(time_limit_s > 0) {
+  if (has_deadline_)
+    deadline_ = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                       std::chrono::duration<double>(time_limit_s));
+}
+
+bool Runner::expired() const { return has_deadline_ && std::chrono::steady_clock::now() >= deadline_; }
+
+void Runner::for_each(std::size_t n, const std::function<void(std::size_t)>& f) {
+  std::vector<std::exception_ptr> errors(n);
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> stop{false}, skipped{false};
+  auto work = [&](bool caller) {
+    for (;;) {
+      if (stop.load()) return;
+      if (caller) check();  // may throw (an interrupt): the caller's catch below stops the others
+      if (expired()) {
+        skipped = true;
+        return;
+      }
+      const std::size_t i = next.fetch_add(1);
+      if (i >= n) return;
+      try {
+        f(i);
+      } catch (...) {
+        errors[i] = std::current_exception();
+        stop = true;
+      }
+    }
+  };
+  if (n == 0) return;
+  const std::size_t helpers = std::min(static_cast<std::size_t>(threads_ - 1), n - 1);
+  std::exception_ptr interrupt;
+  {
+    std::vector<std::jthread> pool;
+    for (std::size_t k = 0; k < helpers; ++k) pool.emplace_back([&] { work(false); });
+    try {
+      work(true);
+    } catch (...) {
+      interrupt = std::current_exception();
+      stop = true;
+    }
+  }  // joins
+  if (interrupt) std::rethrow_exception(interrupt);
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  if (skipped) cut_short_ = true;
+}
+
+std::vector<TargetRule> SearchContext::targets_at(double scale) const {
+  std::vector<TargetRule> t;
+  for (double f : tune.ring_targets)
+    t.push_back({TargetRule::Relative, f}), t.push_back({TargetRule::Seconds, f * scale});
+  return t;
+}
+
+double SearchContext::mu_at(double scale, int k) const {
+  return scale * std::pow(tune.mu_floor, static_cast<double>(k) / (tune.mu_grid - 1));
+}
+
+void SearchContext::keep(Plan p, double t, std::size_t family) {
+  if (!std::isfinite(t) || !counts_ok(p, cluster.num_ranks, options)) return;
+  auto& pool = pools[family];
+  const auto room = static_cast<std::size_t>(families()[family].places);
+  if (room == 0 || (pool.size() == room && t >= pool.back().first)) return;
+  auto at = std::upper_bound(pool.begin(), pool.end(), t,
+                             [](double x, const std::pair<double, Plan>& e) { return x < e.first; });
+  pool.insert(at, {t, std::move(p)});
+  if (pool.size() > room) pool.pop_back();
+}
+
+// One job's results in keep order: under fixed counts first the builds brought to the median's and the largest
+// count (and, interleaving with variable counts, each rank to its own nearest multiple of pp), then the plan itself.
+struct JobResult {
+  std::vector<std::tuple<Plan, double, std::size_t>> kept;
+  double t = std::numeric_limits<double>::infinity();
+  bool ran = false;
+};
+
+void SearchContext::run_jobs(const std::vector<Job>& jobs) {
+  std::vector<JobResult> res(jobs.size());
+  const std::size_t interleaved = family_index("interleaved");
+  run.for_each(jobs.size(), [&](std::size_t j) {
+    const Job& job = jobs[j];
+    JobResult& r = res[j];
+    Plan p = b.pipelined(job.spec, options.pp);
+    if (fixed_counts) {
+      const int step = options.vpp > 1 ? options.pp : 1;
+      std::vector<int> n = p.microbatch_counts(cluster.num_ranks);
+      std::sort(n.begin(), n.end());
+      std::set<int> counts;
+      for (int t : {n[n.size() / 2], n.back()}) counts.insert((t + step - 1) / step * step);
+      if (options.vpp > 1 && options.count_policy == CountPolicy::Variable) counts.insert(-options.pp);
+      for (int t : counts) {
+        Pipe counted = job.spec;
+        counted.count = t < 0 ? CountRule{CountRule::NearestMultiple, -t} : CountRule{CountRule::Exactly, t};
+        Plan q = b.pipelined(counted, options.pp);
+        if (counts_ok(q, cluster.num_ranks, options)) {
+          const double tq = score(q, batch, cluster, cost, options);
+          r.kept.emplace_back(std::move(q), tq, t < 0 ? interleaved : job.family);
+        }
+      }
+    }
+    r.t = score(p, batch, cluster, cost, options);
+    r.kept.emplace_back(std::move(p), r.t, job.family);
+    r.ran = true;
+  });
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    if (!res[j].ran) continue;
+    for (auto& [p, t, f] : res[j].kept) keep(std::move(p), t, f);
+    if (jobs[j].trial) trials.push_back({res[j].t, jobs[j].spec});
+    if (jobs[j].extra_trial) extra_trials.push_back({res[j].t, jobs[j].spec.mu});
+  }
+}
+
+const std::vector<std::vector<Ring>>& SearchContext::layouts(std::size_t drop) {
+  auto it = shelf_layouts.find(drop);
+  if (it == shelf_layouts.end())
+    it =
+        shelf_layouts.emplace(drop, b.pipelined_shelves(options.pp, static_cast<std::size_t>(tune.shelf_layouts), drop))
+            .first;
+  return it->second;
+}
+
+namespace {
+
+// The pipelined bound's terms and the grids read from them. The mu grid is scaled by the bound without its
+// critical-sequence and shared terms, which say little about microbatch sizes; with vpp > 1 a second walk is scaled
+// by the plain 1F1B terms. Extra targets and breakpoints only when the whole bound exceeds the microbatch scale.
+void prepare_pipelined(SearchContext& c) {
+  const PlanOptions& o = c.options;
+  c.bt = pipelined_bound_terms(c.batch, c.cluster, c.cost, o.pp, o.vpp, /*with_cover=*/false);
+  c.lb_pp = std::max({c.bt.single, c.bt.wide, c.bt.average, 1e-12});
+  if (o.vpp > 1) {
+    const auto b1 = pipelined_bound_terms(c.batch, c.cluster, c.cost, o.pp, 1, /*with_cover=*/false);
+    c.lb_alt = std::max({b1.single, b1.wide, b1.average, 1e-12});
+  }
+  c.fixed_counts = o.count_policy == CountPolicy::Equal || o.vpp > 1;
+  if (const double lb_full = std::max(c.bt.critical, c.bt.shared); lb_full > c.tune.extra_threshold * c.lb_pp) {
+    for (double f : c.tune.extra_targets) c.extra_targets.push_back(f * lb_full);
+    const Seq& hard = c.b.hardest();
+    for (int d = hard.dmin; d <= c.cluster.num_ranks; ++d)
+      if (const double t = c.b.time1(hard, d); t >= c.tune.break_low * lb_full && t <= c.tune.break_high * lb_full)
+        c.breaks.push_back(t);
+  }
+}
+
+// Every family's candidates in registry order, the pooled ones after the slot-order polish (run in parallel).
+std::vector<Candidate> gather(SearchContext& c) {
+  const auto& all = families();
+  std::vector<std::tuple<std::size_t, double, Plan*>> polish;
+  for (std::size_t f = 0; f < all.size(); ++f)
+    for (auto& [t, p] : c.pools[f]) polish.emplace_back(f, t, &p);
+  std::vector<Plan> polished(polish.size());
+  c.run.for_each(polish.size(), [&](std::size_t i) {
+    auto& [f, t, p] = polish[i];
+    polished[i] = reorder_slots(std::move(*p), t, c.batch, c.cluster, c.cost, c.options, c.tune.reorder_budget);
+  });
+  std::vector<Candidate> out;
+  std::size_t k = 0;
+  for (std::size_t f = 0; f < all.size(); ++f) {
+    for (auto& d : c.direct)
+      if (d.family == f) out.push_back(std::move(d));
+    for (; k < polish.size() && std::get<0>(polish[k]) == f; ++k)
+      if (!polished[k].microbatches.empty()) out.push_back({std::move(polished[k]), f});
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace dyn
+
+std::vector<std::string> dynacp_families() {
+  std::vector<std::string> out;
+  for (const auto& f : dyn::families()) out.emplace_back(f.name);
+  return out;
+}
+
+Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options) {
+  using namespace dyn;
+  const DynacpTuning& tune = options.tuning;
+  tune.validate();
+  const Builder b(batch, cluster, cost, tune);
+  const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
+  Runner run(threads, options.check_interrupt, options.time_limit_s);
+  SearchContext c{b, batch, cluster, cost, options, tune, run};
+  c.lo = std::max(lower_bound(batch, cluster, cost), 1e-12);
+  c.hi = std::max(b.upper_tau(), c.lo);
+  c.pools.resize(families().size());
+  if (options.pp > 1) prepare_pipelined(c);
+  for (const auto& f : families()) {
+    if (std::find(tune.skip_families.begin(), tune.skip_families.end(), f.name) != tune.skip_families.end()) continue;
+    if (!c.direct.empty() && run.expired()) break;  // the time limit: keep what was found
+    if (f.applies(c)) f.generate(c);
+    run.check();
+  }
+  std::vector<Candidate> candidates = gather(c);
+  if (options.pp > 1)
+    std::erase_if(candidates, [&](const Candidate& x) { return !counts_ok(x.plan, cluster.num_ranks, options); });
+  // The fastest candidate (ties: the earliest) that the simulator accepts.
+  std::vector<double> scores(candidates.size(), std::numeric_limits<double>::infinity());
+  Runner all(threads, options.check_interrupt, 0.0);  // every candidate is scored, even past the time limit
+  all.for_each(candidates.size(),
+               [&](std::size_t i) { scores[i] = score(candidates[i].plan, batch, cluster, cost, options); });
+  std::size_t best = candidates.size();
+  for (std::size_t i = 0; i < candidates.size(); ++i)
+    if (scores[i] < (best == candidates.size() ? std::numeric_limits<double>::infinity() : scores[best])) best = i;
+  const bool partial = run.cut_short() || (options.time_limit_s > 0 && run.expired());
+  if (best < candidates.size()) {
+    Plan out = std::move(candidates[best].plan);
+    if (options.pp > 1) {
+      double t = scores[best];
+      out = reorder_classes(std::move(out), &t, batch, cluster, cost, options);
+      out = reorder_rings(std::move(out), t, batch, cluster, cost, options);
+    }
+    out.family = families()[candidates[best].family].name;
+    out.partial = partial;
+    return out;
+  }
+  if (options.pp <= 1) throw Error("dynacp: no candidate plan could be scored (a bug)");
+  if (Plan p = pool_slots(batch, cluster, cost, options.vpp > 1 ? options.pp : 1); !p.microbatches.empty()) {
+    p.family = "pool-slots";
+    p.partial = partial;
+    return p;
+  }
+  invalid("dynacp: no plan meets the count policy (", batch.size(), " sequences on ", cluster.num_ranks,
+          " ranks, pp = ", options.pp, ", vpp = ", options.vpp,
+          "): interleaving needs every rank's microbatch count divisible by pp and equal counts one count for all; "
+          "whole-pool slots need at least pp sequences under vpp > 1, and their tokens must fit");
+}
+
+}  // namespace solve
+}  // namespace dynacp
