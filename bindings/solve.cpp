@@ -1,4 +1,7 @@
+#include <chrono>
+
 #include "common.hpp"
+#include "fields.hpp"
 #include "dynacp/model/error.hpp"
 #include "dynacp/api/planner.hpp"
 #include "dynacp/solve/degrees.hpp"
@@ -46,6 +49,8 @@ py::dict plan_to_dict(const Plan& p) {
   d["strategy"] = p.strategy;
   d["num_ranks"] = p.num_ranks;
   d["solve_ms"] = p.solve_ms;
+  d["family"] = p.family;
+  d["partial"] = p.partial;
   py::list mbs;
   for (const auto& slot : p.microbatches) {
     py::list s;
@@ -75,6 +80,8 @@ Plan plan_from_dict(const py::object& obj) {
   p.strategy = get<std::string>(d, "strategy", "plan");
   p.num_ranks = get<int>(d, "num_ranks", "plan");
   p.solve_ms = d.contains("solve_ms") ? get<double>(d, "solve_ms", "plan") : 0.0;
+  p.family = d.contains("family") ? get<std::string>(d, "family", "plan") : "";
+  p.partial = d.contains("partial") ? get<bool>(d, "partial", "plan") : false;
   auto mbs = get<py::list>(d, "microbatches", "plan");
   for (std::size_t m = 0; m < mbs.size(); ++m) {
     std::vector<Group> slot;
@@ -116,18 +123,74 @@ void bind_solve(py::module_& m) {
       .value("EQUAL", CountPolicy::Equal, "every rank runs the same number of microbatches (Megatron)")
       .value("VARIABLE", CountPolicy::Variable, "ranks with cheaper microbatches run more of them (ByteScale HDP)");
 
+  py::class_<DynacpTuning> tuning(m, "DynacpTuning",
+                                   "Every tuning constant of the dynacp strategy (include/dynacp/solve/"
+                                   "dynacp_tuning.hpp documents each); the defaults are the benchmarked ones.");
+  tuning.def(kw_init<DynacpTuning>());
+  Fields<DynacpTuning>{tuning, {}}
+      .add("tau_grid", &DynacpTuning::tau_grid, "pp = 1: grid points of the makespan target tau")
+      .add("tau_refine_steps", &DynacpTuning::tau_refine_steps, "pp = 1: refinement steps around the best tau")
+      .add("tau_refine_division", &DynacpTuning::tau_refine_division, "pp = 1: refinement step = grid step / this")
+      .add("flat_local_search_rounds", &DynacpTuning::flat_local_search_rounds, "pp = 1: per-rank search rounds")
+      .add("ring_orders", &DynacpTuning::ring_orders, "ring placement orders tried when rings span nodes (1-3)")
+      .add("wide_nodes", &DynacpTuning::wide_nodes, "pools up to this many nodes search wide rings fully")
+      .add("neighbour_degrees", &DynacpTuning::neighbour_degrees, "degrees tried either side of a ring's target")
+      .add("gap_tries", &DynacpTuning::gap_tries, "idle gaps tried per short sequence")
+      .add("search_receivers", &DynacpTuning::search_receivers, "per-rank search: receiver ranks tried")
+      .add("search_items", &DynacpTuning::search_items, "per-rank search: sequences examined per rank")
+      .add("shelf_saturation", &DynacpTuning::shelf_saturation, "flat shelves: rank-time factor a ring may grow by")
+      .add("knee_max_multiple", &DynacpTuning::knee_max_multiple, "slotted: counts up to this many x pp")
+      .add("slot_edges", &DynacpTuning::slot_edges, "slotted: shares of the first and last slot")
+      .add("slot_tau_grid", &DynacpTuning::slot_tau_grid, "slotted: targets tried per slot")
+      .add("mu_grid", &DynacpTuning::mu_grid, "microbatch targets mu on the grid")
+      .add("mu_floor", &DynacpTuning::mu_floor, "smallest mu as a fraction of the bound's scale")
+      .add("ring_targets", &DynacpTuning::ring_targets, "degree rules for rings that cannot reach mu")
+      .add("extra_threshold", &DynacpTuning::extra_threshold, "whole bound / mu scale that enables extra targets")
+      .add("extra_targets", &DynacpTuning::extra_targets, "extra targets as fractions of the whole bound")
+      .add("break_low", &DynacpTuning::break_low, "breakpoints: lowest fraction of the whole bound")
+      .add("break_high", &DynacpTuning::break_high, "breakpoints: highest fraction of the whole bound")
+      .add("break_mus", &DynacpTuning::break_mus, "breakpoints: the best extra-target mus tried")
+      .add("mu_refine", &DynacpTuning::mu_refine, "mu refinement exponents of the grid step")
+      .add("variant_trials", &DynacpTuning::variant_trials, "best plain builds that get variants")
+      .add("lead_counts", &DynacpTuning::lead_counts, "lead microbatch counts tried")
+      .add("lead_fractions", &DynacpTuning::lead_fractions, "lead sizes as fractions of the first ring's time")
+      .add("profile_ratios", &DynacpTuning::profile_ratios, "profile leads: rising ratios")
+      .add("isolate", &DynacpTuning::isolate, "isolated builds: rings this close to the slowest keep their ranks")
+      .add("shelf_giants", &DynacpTuning::shelf_giants, "shelves: the most giants laid out")
+      .add("shelf_orders", &DynacpTuning::shelf_orders, "shelves: the most shelves whose every order is tried")
+      .add("shelf_layouts", &DynacpTuning::shelf_layouts, "shelves: layouts built into plans")
+      .add("shelf_mu_factors", &DynacpTuning::shelf_mu_factors, "shelves: factors of the best plain build's mu")
+      .add("shelf_lead_fractions", &DynacpTuning::shelf_lead_fractions, "shelf leads: fractions of the first shelf")
+      .add("shelf_profile_ratio", &DynacpTuning::shelf_profile_ratio, "shelves: profile lead ratio")
+      .add("shelf_drops", &DynacpTuning::shelf_drops, "shelves: smallest giants left out, per family")
+      .add("shelf_stride_ranks", &DynacpTuning::shelf_stride_ranks, "shelves: degrees step by P / this")
+      .add("unit_giants", &DynacpTuning::unit_giants, "units: the most giants on blocks of their own")
+      .add("reorder_budget", &DynacpTuning::reorder_budget, "slot-order polish: simulations per plan")
+      .add("skip_families", &DynacpTuning::skip_families, "families left out (names from dynacp_families())")
+      .done();
+  tuning.def("validate", &DynacpTuning::validate, "Raise ValueError naming the first bad field.");
+
   py::class_<PlanOptions>(m, "PlanOptions", "Strategy and pipeline options of one planning call.")
-      .def(py::init([](std::string strategy, int pp, int vpp, CountPolicy count_policy, bool tight_bound) {
+      .def(py::init([](std::string strategy, int pp, int vpp, CountPolicy count_policy, bool tight_bound, int threads,
+                       double time_limit_s, const py::object& tuning) {
              PlanOptions o;
              o.strategy = std::move(strategy);
              o.pp = pp;
              o.vpp = vpp;
              o.count_policy = count_policy;
              o.tight_bound = tight_bound;
+             o.threads = threads;
+             o.time_limit_s = time_limit_s;
+             if (!tuning.is_none()) o.tuning = tuning.cast<DynacpTuning>();
              return o;
            }),
            py::arg("strategy") = "dynacp", py::arg("pp") = 1, py::arg("vpp") = 1,
-           py::arg("count_policy") = CountPolicy::Variable, py::arg("tight_bound") = true)
+           py::arg("count_policy") = CountPolicy::Variable, py::arg("tight_bound") = true, py::arg("threads") = 0,
+           py::arg("time_limit_s") = 0.0, py::arg("tuning") = py::none())
+      .def_readwrite("threads", &PlanOptions::threads, "dynacp: solver threads; 0 = every hardware thread")
+      .def_readwrite("time_limit_s", &PlanOptions::time_limit_s,
+                     "dynacp: seconds after which the best plan so far is returned (Plan.partial); 0 = none")
+      .def_readwrite("tuning", &PlanOptions::tuning, "dynacp: DynacpTuning")
       .def_readwrite("strategy", &PlanOptions::strategy, "registry name (see strategy_names())")
       .def_readwrite("pp", &PlanOptions::pp, "pipeline stages per rank of the pool")
       .def_readwrite("vpp", &PlanOptions::vpp, "virtual stages per pipeline stage")
@@ -177,6 +240,8 @@ void bind_solve(py::module_& m) {
       .def_readonly("solve_ms", &Plan::solve_ms)
       .def_readonly("microbatches", &Plan::microbatches, "slots in run order; each a list of Group")
       .def_readonly("predicted", &Plan::predicted)
+      .def_readonly("family", &Plan::family, "dynacp: the candidate family of the plan (empty for other strategies)")
+      .def_readonly("partial", &Plan::partial, "dynacp: the solve hit time_limit_s; the best plan found so far")
       .def("microbatches_of", &Plan::microbatches_of, py::arg("rank"), "Number of slots rank takes part in.")
       .def("digest", &Plan::digest, "Stable 64-bit digest of the assignment (timings excluded).")
       .def(
@@ -195,6 +260,8 @@ void bind_solve(py::module_& m) {
       });
 
   m.def("strategy_names", &solve::strategy_names, "Registered strategy names in a fixed order.");
+  m.def("dynacp_families", &solve::dynacp_families,
+        "dynacp's candidate families in registry order (the values Plan.family takes, and 'pool-slots').");
   m.def("strategy_summaries", [] {
     py::dict d;
     for (const auto& s : solve::strategies()) d[s.name] = s.summary;
@@ -207,8 +274,19 @@ void bind_solve(py::module_& m) {
          const py::object& masks) {
         Batch b = make_batch(lengths, masks);
         sync_log_level();
+        // Ctrl-C: the solver calls this between candidate builds on this thread; it looks at Python's signals at
+        // most every 50 ms and raises KeyboardInterrupt (error_already_set) through the solve.
+        PlanOptions opts = options;
+        auto last = std::chrono::steady_clock::now();
+        opts.check_interrupt = [&last] {
+          const auto now = std::chrono::steady_clock::now();
+          if (now - last < std::chrono::milliseconds(50)) return;
+          last = now;
+          py::gil_scoped_acquire gil;
+          if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+        };
         py::gil_scoped_release nogil;
-        return plan(b, cluster, cost, options);
+        return plan(b, cluster, cost, opts);
       },
       py::arg("lengths"), py::arg("cluster"), py::arg("cost"), py::arg("options"), py::arg("masks") = py::none(),
       "Plan one global batch (releases the GIL).");

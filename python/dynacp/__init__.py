@@ -18,6 +18,7 @@ from dynacp._core import (  # noqa: E402
     Cluster,
     CostModel,
     CountPolicy,
+    DynacpTuning,
     Group,
     Mask,
     Plan,
@@ -25,6 +26,7 @@ from dynacp._core import (  # noqa: E402
     Predicted,
     preset,
     preset_names,
+    dynacp_families,
     strategy_names,
 )
 from dynacp.api import lower_bound, plan, predict  # noqa: E402
@@ -37,6 +39,7 @@ __all__ = [
     "Cluster",
     "CostModel",
     "CountPolicy",
+    "DynacpTuning",
     "Group",
     "Mask",
     "Plan",
@@ -45,6 +48,7 @@ __all__ = [
     "balance",
     "balance_lower_bound",
     "configs",
+    "dynacp_families",
     "lower_bound",
     "plan",
     "predict",

@@ -45,6 +45,9 @@ def plan(
     vpp: int = 1,
     count_policy: Union[str, _core.CountPolicy] = "variable",
     tight_bound: bool = True,
+    threads: int = 0,
+    time_limit: Optional[float] = None,
+    tuning: Optional[_core.DynacpTuning] = None,
 ) -> _core.Plan:
     """Plan one global batch.
 
@@ -62,6 +65,13 @@ def plan(
         tight_bound: whether ``predicted.lower_bound`` includes the cover term (pp > 1, vpp = 1), the tightest and
             slowest part of the bound (up to about a second at 64 ranks, pp = 4). ``False`` reports the looser bound
             of the other terms; the plan itself is the same either way.
+        threads: ``dynacp`` only: threads that build and score candidate plans; 0 (default) uses every hardware
+            thread. The plan is identical for any thread count.
+        time_limit: ``dynacp`` only: seconds after which no new candidate is built; the best plan found so far is
+            returned with ``plan.partial`` set. ``None`` (default): no limit. Ctrl-C raises ``KeyboardInterrupt``
+            within about 0.1 s either way.
+        tuning: ``dynacp`` only: a :class:`dynacp.DynacpTuning` overriding search constants (experiments; e.g.
+            ``DynacpTuning(skip_families=["shelves"])``). ``plan.family`` names the family that produced the plan.
 
     Returns:
         A validated :class:`dynacp.Plan` with ``predicted`` filled.
@@ -75,7 +85,10 @@ def plan(
     """
     arr = _as_lengths(lengths)
     policy = _count_policy(count_policy)
-    options = _core.PlanOptions(strategy=strategy, pp=pp, vpp=vpp, count_policy=policy, tight_bound=tight_bound)
+    if time_limit is not None and not time_limit > 0:
+        raise ValueError(f"time_limit must be > 0 seconds (or None for no limit), got {time_limit}")
+    options = _core.PlanOptions(strategy=strategy, pp=pp, vpp=vpp, count_policy=policy, tight_bound=tight_bound,
+                                threads=threads, time_limit_s=time_limit or 0.0, tuning=tuning)
     return _core.plan(arr, cluster or _core.Cluster(), cost or _core.CostModel(), options, _as_masks(masks, arr.size))
 
 

@@ -133,6 +133,7 @@ def _plan_all(args: argparse.Namespace, names: List[str], batches: common.Batche
                          ("peak", float(pr.peak_tokens_per_rank)), ("solve", p.solve_ms),
                          ("mb", float(len(p.microbatches)))]:
             r.setdefault(key, []).append(val)
+        r.setdefault("families", []).append(p.family)
     if invalid and len(errors) == len(names):
         raise invalid[0]  # every strategy rejected the input: report it as the input error it is
     return rows, first_plans, errors
@@ -150,8 +151,9 @@ def run_comparison(args: argparse.Namespace) -> Comparison:
     out: Dict[str, Dict[str, Any]] = {}
     for name in names:
         if name in errors:
-            out[name] = {"error": errors[name], **{k: None for k in KEYS}, "lower_bound_ms": None}
+            out[name] = {"error": errors[name], **{k: None for k in KEYS}, "lower_bound_ms": None, "families": {}}
             continue
+        families = [f for f in rows[name].pop("families") if f]
         r = {k: np.asarray(v) for k, v in rows[name].items()}
         out[name] = {
             "error": None,
@@ -163,13 +165,15 @@ def run_comparison(args: argparse.Namespace) -> Comparison:
             "microbatches_mean": _finite(r["mb"].mean()),
             "median_solve_ms": _finite(np.median(r["solve"])),
             "lower_bound_ms": _finite(r["lb"].mean() * 1e3),
+            "families": {f: families.count(f) for f in sorted(set(families))},
         }
     lbs = [r["lower_bound_ms"] for r in out.values() if r.get("lower_bound_ms") is not None]
     result = {
         "metadata": common.run_metadata(args, batches, cluster, cost),
         "columns": {key: text for _, key, text in COLUMNS} | {
             "lower_bound_ms": "no plan of the batch can be faster (milliseconds, predicted), mean over the batches",
-            "error": "null, or why the strategy failed (then every number is null)"},
+            "error": "null, or why the strategy failed (then every number is null)",
+            "families": "dynacp only: how many batches each candidate family won (dynacp.dynacp_families())"},
         "lower_bound_ms": lbs[0] if lbs else None,
         "strategies": out,
     }
