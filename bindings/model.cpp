@@ -1,10 +1,10 @@
 #include <numeric>
 
 #include "common.hpp"
-#include "fields.hpp"
 #include "dynacp/model/calibrate.hpp"
 #include "dynacp/model/error.hpp"
 #include "dynacp/model/plan.hpp"
+#include "fields.hpp"
 
 namespace dynacp::py {
 

@@ -1,13 +1,13 @@
 #include <chrono>
 
 #include "common.hpp"
-#include "fields.hpp"
-#include "dynacp/model/error.hpp"
 #include "dynacp/api/planner.hpp"
+#include "dynacp/model/error.hpp"
 #include "dynacp/solve/degrees.hpp"
 #include "dynacp/solve/evaluate.hpp"
 #include "dynacp/solve/packing.hpp"
 #include "dynacp/solve/placement.hpp"
+#include "fields.hpp"
 
 namespace dynacp::py {
 namespace {
@@ -124,8 +124,8 @@ void bind_solve(py::module_& m) {
       .value("VARIABLE", CountPolicy::Variable, "ranks with cheaper microbatches run more of them (ByteScale HDP)");
 
   py::class_<DynacpTuning> tuning(m, "DynacpTuning",
-                                   "Every tuning constant of the dynacp strategy (include/dynacp/solve/"
-                                   "dynacp_tuning.hpp documents each); the defaults are the benchmarked ones.");
+                                  "Every tuning constant of the dynacp strategy (include/dynacp/solve/"
+                                  "dynacp_tuning.hpp documents each); the defaults are the benchmarked ones.");
   tuning.def(kw_init<DynacpTuning>());
   Fields<DynacpTuning>{tuning, {}}
       .add("tau_grid", &DynacpTuning::tau_grid, "pp = 1: grid points of the makespan target tau")
@@ -144,6 +144,7 @@ void bind_solve(py::module_& m) {
       .add("slot_tau_grid", &DynacpTuning::slot_tau_grid, "slotted: targets tried per slot")
       .add("mu_grid", &DynacpTuning::mu_grid, "microbatch targets mu on the grid")
       .add("mu_floor", &DynacpTuning::mu_floor, "smallest mu as a fraction of the bound's scale")
+      .add("walk_mus", &DynacpTuning::walk_mus, "extra-target and tiled walks at the best this many mus (0 = all)")
       .add("ring_targets", &DynacpTuning::ring_targets, "degree rules for rings that cannot reach mu")
       .add("extra_threshold", &DynacpTuning::extra_threshold, "whole bound / mu scale that enables extra targets")
       .add("extra_targets", &DynacpTuning::extra_targets, "extra targets as fractions of the whole bound")
@@ -166,6 +167,7 @@ void bind_solve(py::module_& m) {
       .add("shelf_stride_ranks", &DynacpTuning::shelf_stride_ranks, "shelves: degrees step by P / this")
       .add("unit_giants", &DynacpTuning::unit_giants, "units: the most giants on blocks of their own")
       .add("reorder_budget", &DynacpTuning::reorder_budget, "slot-order polish: simulations per plan")
+      .add("polish_within", &DynacpTuning::polish_within, "slot-order polish: pooled plans within this x the best")
       .add("skip_families", &DynacpTuning::skip_families, "families left out (names from dynacp_families())")
       .done();
   tuning.def("validate", &DynacpTuning::validate, "Raise ValueError naming the first bad field.");

@@ -18,12 +18,10 @@ double lower_bound(const Batch& batch, const Cluster& cluster, const CostModel& 
 
 namespace {
 
-/// predict() with the pipelined lower bound already computed (`lb` < 0: compute it).
-Predicted predict_with(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
-                       const PlanOptions& options, double lb) {
-  Predicted p = solve::evaluate(plan, batch, cluster, cost);  // its lower bound is the pp = 1 one
-  if (options.pp <= 1) return p;
-  p.lower_bound = lb >= 0 ? lb : lower_bound(batch, cluster, cost, options);
+/// The simulator's input for a pipelined plan: every group a microbatch of its ranks, its time split by the cost
+/// model's backward_ratio over pp x vpp stage-chunks.
+sim::PipelineProblem pipeline_problem(const Plan& plan, const Batch& batch, const Cluster& cluster,
+                                      const CostModel& cost, const PlanOptions& options) {
   sim::PipelineProblem prob;
   prob.num_ranks = cluster.num_ranks;
   prob.pp = options.pp;
@@ -43,7 +41,31 @@ Predicted predict_with(const Plan& plan, const Batch& batch, const Cluster& clus
                                   chunks);
       for (int r : g.ranks) prob.rank_microbatches[static_cast<std::size_t>(r)].push_back(id);
     }
-  const sim::PipelineResult res = sim::simulate(prob);
+  return prob;
+}
+
+/// The step time alone (what candidate scoring needs): the group timeline for pp = 1, the simulator for pp > 1.
+double step_time(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
+                 const PlanOptions& options) {
+  if (options.pp > 1) return sim::simulate(pipeline_problem(plan, batch, cluster, cost, options)).step_time;
+  std::vector<double> free(static_cast<std::size_t>(cluster.num_ranks), 0.0);
+  for (const auto& slot : plan.microbatches)
+    for (const auto& g : slot) {
+      double start = 0.0;
+      for (int r : g.ranks) start = std::max(start, free[static_cast<std::size_t>(r)]);
+      const double t = cost.group_time(g, batch, cluster);
+      for (int r : g.ranks) free[static_cast<std::size_t>(r)] = start + t;
+    }
+  return free.empty() ? 0.0 : *std::max_element(free.begin(), free.end());
+}
+
+/// predict() with the pipelined lower bound already computed (`lb` < 0: compute it).
+Predicted predict_with(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
+                       const PlanOptions& options, double lb) {
+  Predicted p = solve::evaluate(plan, batch, cluster, cost);  // its lower bound is the pp = 1 one
+  if (options.pp <= 1) return p;
+  p.lower_bound = lb >= 0 ? lb : lower_bound(batch, cluster, cost, options);
+  const sim::PipelineResult res = sim::simulate(pipeline_problem(plan, batch, cluster, cost, options));
   p.step_time = res.step_time;
   p.bubble_fraction = res.bubble_fraction;
   for (std::size_t r = 0; r < p.per_rank_time.size(); ++r) p.per_rank_time[r] = res.busy[r] / options.pp;
@@ -121,7 +143,7 @@ Plan plan(const Batch& batch, const Cluster& cluster, const CostModel& cost, con
       for (int c : p.microbatch_counts(cluster.num_ranks))
         if (c % options.pp != 0) return std::numeric_limits<double>::infinity();
     try {
-      return predict_with(p, batch, cluster, cost, options, lb).step_time;
+      return step_time(p, batch, cluster, cost, options);
     } catch (const Error&) {  // e.g. a pipelined plan whose shared groups would deadlock under 1F1B
       return std::numeric_limits<double>::infinity();
     }

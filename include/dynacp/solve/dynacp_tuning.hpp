@@ -44,9 +44,12 @@ struct DynacpTuning {
   double mu_floor = 0.03;
   /// Degree rules for rings that cannot reach mu: within f x their fastest time, and within f x the bound's scale.
   std::vector<double> ring_targets = {1.0, 1.05, 1.12, 1.25};
+  /// The extra-target and tiled walks run at the mus of the best `walk_mus` plain grid points only (0 = the whole
+  /// grid): the winners cluster around the best plain mu.
+  int walk_mus = 2;
   /// Extra targets, fractions of the whole bound, used when it exceeds the microbatch scale by extra_threshold.
   double extra_threshold = 1.02;
-  std::vector<double> extra_targets = {0.9, 0.95, 1.0, 1.05, 1.1, 1.2};
+  std::vector<double> extra_targets = {0.95, 1.05, 1.2};
   /// Breakpoints: the hardest sequence's degree times within [low, high] x the whole bound, at the mu of the best
   /// `break_mus` extra-target builds.
   double break_low = 0.9;
@@ -55,9 +58,9 @@ struct DynacpTuning {
   /// mu refinement around the best plain build: mu x grid step^f.
   std::vector<double> mu_refine = {-2.0 / 3, -1.0 / 3, 1.0 / 3, 2.0 / 3};
   /// The best plain builds that get lead, order, profile and isolation variants.
-  int variant_trials = 4;
+  int variant_trials = 2;
   std::vector<int> lead_counts = {1, 2};
-  std::vector<double> lead_fractions = {0.3, 0.6, 1.0};
+  std::vector<double> lead_fractions = {0.6};
   /// Profile leads: pp - 1 microbatches rising by these ratios towards the first ring.
   std::vector<double> profile_ratios = {0.5, 0.75};
   /// Rings within this factor of the slowest keep their ranks from other rings (isolated builds).
@@ -65,9 +68,9 @@ struct DynacpTuning {
   /// Shelf layouts: the most giants, the most shelves whose every order is tried, layouts built, mu factors of the
   /// best plain build, single-lead fractions, the profile-lead ratio, and how many of the smallest giants to drop.
   int shelf_giants = 7;
-  int shelf_orders = 5;
-  int shelf_layouts = 8;
-  std::vector<double> shelf_mu_factors = {0.5, 1.0, 2.0};
+  int shelf_orders = 3;
+  int shelf_layouts = 3;
+  std::vector<double> shelf_mu_factors = {1.0};
   std::vector<double> shelf_lead_fractions = {0.6, 0.3};
   double shelf_profile_ratio = 0.5;
   std::vector<int> shelf_drops = {0, 2};
@@ -75,8 +78,10 @@ struct DynacpTuning {
   int shelf_stride_ranks = 64;
   /// Units: the most giants on blocks of their own (plain 1F1B only).
   int unit_giants = 3;
-  /// Slot-order polish: the most simulations per plan.
+  /// Slot-order polish: the most simulations per plan, and which pooled plans get it: those within this factor of
+  /// the best pooled plan's score (the others rarely overtake it).
   int reorder_budget = 96;
+  double polish_within = 1.05;
 
   /// Families (names from dynacp_families()) left out of the search, for experiments.
   std::vector<std::string> skip_families;

@@ -4,11 +4,13 @@
 // docs/strategies.md ("dynacp: the portfolio") describes every family; DynacpTuning holds every constant.
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <exception>
 #include <limits>
 #include <thread>
 
 #include "dynacp/model/error.hpp"
+#include "dynacp/model/log.hpp"
 #include "dynacp/solve/evaluate.hpp"
 #include "dynacp/solve/timeline.hpp"
 #include "search.hpp"
@@ -33,6 +35,7 @@ void DynacpTuning::validate() const {
   at_least("gap_tries", gap_tries, 0), at_least("search_receivers", search_receivers, 1);
   at_least("search_items", search_items, 0), at_least("knee_max_multiple", knee_max_multiple, 1);
   at_least("slot_tau_grid", slot_tau_grid, 1), at_least("mu_grid", mu_grid, 2), at_least("break_mus", break_mus, 0);
+  at_least("walk_mus", walk_mus, 0);
   at_least("variant_trials", variant_trials, 0), at_least("shelf_giants", shelf_giants, 0);
   at_least("shelf_orders", shelf_orders, 0), at_least("shelf_layouts", shelf_layouts, 0);
   at_least("shelf_stride_ranks", shelf_stride_ranks, 1), at_least("unit_giants", unit_giants, 0);
@@ -41,6 +44,7 @@ void DynacpTuning::validate() const {
   positive("shelf_saturation", shelf_saturation), positive("mu_floor", mu_floor);
   positive("extra_threshold", extra_threshold), positive("break_low", break_low), positive("break_high", break_high);
   positive("isolate", isolate), positive("shelf_profile_ratio", shelf_profile_ratio);
+  if (!(polish_within >= 1)) invalid("DynacpTuning.polish_within is ", polish_within, "; it must be >= 1");
   list("slot_edges", slot_edges), list("ring_targets", ring_targets), list("extra_targets", extra_targets);
   list("lead_fractions", lead_fractions), list("profile_ratios", profile_ratios);
   list("shelf_mu_factors", shelf_mu_factors), list("shelf_lead_fractions", shelf_lead_fractions);
@@ -206,8 +210,12 @@ void prepare_pipelined(SearchContext& c) {
 std::vector<Candidate> gather(SearchContext& c) {
   const auto& all = families();
   std::vector<std::tuple<std::size_t, double, Plan*>> polish;
+  double best = std::numeric_limits<double>::infinity();
+  for (const auto& pool : c.pools)
+    if (!pool.empty()) best = std::min(best, pool.front().first);
   for (std::size_t f = 0; f < all.size(); ++f)
-    for (auto& [t, p] : c.pools[f]) polish.emplace_back(f, t, &p);
+    for (auto& [t, p] : c.pools[f])
+      if (t <= c.tune.polish_within * best) polish.emplace_back(f, t, &p);
   std::vector<Plan> polished(polish.size());
   c.run.for_each(polish.size(), [&](std::size_t i) {
     auto& [f, t, p] = polish[i];
@@ -240,7 +248,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
   const Builder b(batch, cluster, cost, tune);
   const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
   Runner run(threads, options.check_interrupt, options.time_limit_s);
-  SearchContext c{b, batch, cluster, cost, options, tune, run};
+  SearchContext c(b, options, run);
   c.lo = std::max(lower_bound(batch, cluster, cost), 1e-12);
   c.hi = std::max(b.upper_tau(), c.lo);
   c.pools.resize(families().size());
@@ -248,10 +256,25 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
   for (const auto& f : families()) {
     if (std::find(tune.skip_families.begin(), tune.skip_families.end(), f.name) != tune.skip_families.end()) continue;
     if (!c.direct.empty() && run.expired()) break;  // the time limit: keep what was found
-    if (f.applies(c)) f.generate(c);
+    if (!f.applies(c)) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::clock_t cpu0 = std::clock();
+    f.generate(c);
+    if (core_log().should_log(spdlog::level::debug))
+      core_log().debug("dynacp family {}: {:.3f} ms wall, {:.3f} ms process CPU", f.name,
+                       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+                       1e3 * static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC);
     run.check();
   }
+  auto t0 = std::chrono::steady_clock::now();
+  auto lap = [&t0](const char* what) {
+    if (!core_log().should_log(spdlog::level::debug)) return;
+    const auto now = std::chrono::steady_clock::now();
+    core_log().debug("dynacp {}: {:.3f} ms", what, std::chrono::duration<double, std::milli>(now - t0).count());
+    t0 = now;
+  };
   std::vector<Candidate> candidates = gather(c);
+  lap("slot-order polish of the pools");
   if (options.pp > 1)
     std::erase_if(candidates, [&](const Candidate& x) { return !counts_ok(x.plan, cluster.num_ranks, options); });
   // The fastest candidate (ties: the earliest) that the simulator accepts.
@@ -259,6 +282,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
   Runner all(threads, options.check_interrupt, 0.0);  // every candidate is scored, even past the time limit
   all.for_each(candidates.size(),
                [&](std::size_t i) { scores[i] = score(candidates[i].plan, batch, cluster, cost, options); });
+  lap("final scoring");
   std::size_t best = candidates.size();
   for (std::size_t i = 0; i < candidates.size(); ++i)
     if (scores[i] < (best == candidates.size() ? std::numeric_limits<double>::infinity() : scores[best])) best = i;
@@ -269,6 +293,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       double t = scores[best];
       out = reorder_classes(std::move(out), &t, batch, cluster, cost, options);
       out = reorder_rings(std::move(out), t, batch, cluster, cost, options);
+      lap("class and ring order polish of the winner");
     }
     out.family = families()[candidates[best].family].name;
     out.partial = partial;

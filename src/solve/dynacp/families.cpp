@@ -4,6 +4,7 @@
 // order, so a family may read what earlier ones recorded (the plain trials, the extra-target trials, the best tau).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <set>
 
@@ -97,24 +98,58 @@ void slotted(SearchContext& c) {
 }
 
 // The mu grid at `scale` over the degree rules `targets` (untiled or tiled), each distinct ring set once per mu,
+// A plain spec: the degree rule, mu and the two placement switches (everything else at its default).
+Pipe spec_of(const TargetRule& target, double mu, bool align, bool tile = false) {
+  Pipe p;
+  p.target = target, p.mu = mu, p.align = align, p.tile = tile;
+  return p;
+}
+
 // rings placed by estimate and with ranks of fewer rings first (align). `seed`: rules whose ring sets count as seen.
-void walk(SearchContext& c, double scale, const std::vector<TargetRule>& seed, const std::vector<TargetRule>& targets,
-          std::vector<bool> tiles, std::size_t family, bool trial, bool extra_trial) {
+void walk(SearchContext& c, const std::vector<double>& mus, const std::vector<TargetRule>& seed,
+          const std::vector<TargetRule>& targets, std::vector<bool> tiles, std::size_t family, bool trial,
+          bool extra_trial) {
   std::vector<Job> jobs;
-  for (int k = 0; k < c.tune.mu_grid; ++k) {
-    const double mu = c.mu_at(scale, k);
+  for (double mu : mus) {
     for (bool tile : tiles) {
       std::set<RingSet> seen;
       for (const auto& t : seed) seen.insert(c.b.ring_set(t, mu, tile));
       for (const auto& target : targets) {
         if (!seen.insert(c.b.ring_set(target, mu, tile)).second) continue;
         for (bool align : {false, true})
-          jobs.push_back(
-              {Pipe{.target = target, .mu = mu, .align = align, .tile = tile}, family, trial, extra_trial && !tile});
+          jobs.push_back({spec_of(target, mu, align, tile), family, trial, extra_trial && !tile});
       }
     }
   }
   c.run_jobs(jobs);
+}
+
+// The mu grid at `scale`.
+std::vector<double> grid(const SearchContext& c, double scale) {
+  std::vector<double> mus;
+  for (int k = 0; k < c.tune.mu_grid; ++k) mus.push_back(c.mu_at(scale, k));
+  return mus;
+}
+
+// Where the plain walk's winners cluster: the grid mus of its best `walk_mus` builds (all of the grid when 0), in
+// grid order.
+std::vector<double> best_mus(const SearchContext& c) {
+  std::vector<double> all = grid(c, c.lb_pp);
+  if (c.tune.walk_mus <= 0 || c.trials.empty()) return all;
+  std::vector<std::pair<double, std::size_t>> by;  // (best score at the grid point, index)
+  for (std::size_t k = 0; k < all.size(); ++k) {
+    double best = std::numeric_limits<double>::infinity();
+    for (const auto& t : c.trials)
+      if (t.spec.mu == all[k]) best = std::min(best, t.score);
+    by.push_back({best, k});
+  }
+  std::stable_sort(by.begin(), by.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::vector<std::size_t> keep;
+  for (std::size_t i = 0; i < by.size() && static_cast<int>(i) < c.tune.walk_mus; ++i) keep.push_back(by[i].second);
+  std::sort(keep.begin(), keep.end());
+  std::vector<double> out;
+  for (std::size_t k : keep) out.push_back(all[k]);
+  return out;
 }
 
 std::vector<TargetRule> extra_rules(const SearchContext& c) {
@@ -126,7 +161,7 @@ std::vector<TargetRule> extra_rules(const SearchContext& c) {
 // Plain per-rank lists: the mu grid, mu refined around the best, then lead and order variants of the best few.
 void plain(SearchContext& c) {
   const std::size_t me = family_index("plain");
-  walk(c, c.lb_pp, {}, c.targets_at(c.lb_pp), {false}, me, true, false);
+  walk(c, grid(c, c.lb_pp), {}, c.targets_at(c.lb_pp), {false}, me, true, false);
   if (c.trials.empty()) return;
   const auto best = *std::min_element(c.trials.begin(), c.trials.end(),
                                       [](const auto& x, const auto& y) { return x.score < y.score; });
@@ -181,14 +216,14 @@ void isolated(SearchContext& c) {
 
 // Extra targets near the whole bound, whose critical and shared terms say how far the hardest rings must widen.
 void extra_target(SearchContext& c) {
-  walk(c, c.lb_pp, c.targets_at(c.lb_pp), extra_rules(c), {false}, family_index("extra-target"), false, true);
+  walk(c, best_mus(c), c.targets_at(c.lb_pp), extra_rules(c), {false}, family_index("extra-target"), false, true);
 }
 
 // Wide rings on a power-of-two number of whole nodes, so they stack without gaps.
 void tiled(SearchContext& c) {
   auto targets = c.targets_at(c.lb_pp);
   for (const auto& t : extra_rules(c)) targets.push_back(t);
-  walk(c, c.lb_pp, {}, targets, {true}, family_index("tiled"), false, false);
+  walk(c, best_mus(c), {}, targets, {true}, family_index("tiled"), false, false);
 }
 
 // vpp > 1: the grid walked again, scaled by the plain 1F1B terms (the interleaved bound lacks the best-split term,
@@ -207,8 +242,7 @@ void interleaved_walk(SearchContext& c) {
       for (bool tile : {false, true}) {
         if (!seen[tile ? 1 : 0].insert(c.b.ring_set(targets[i], mu, tile)).second) continue;
         for (bool align : {false, true})
-          jobs.push_back(
-              {Pipe{.target = targets[i], .mu = mu, .align = align, .tile = tile}, me, false, i >= plain_n && !tile});
+          jobs.push_back({spec_of(targets[i], mu, align, tile), me, false, i >= plain_n && !tile});
       }
   }
   c.run_jobs(jobs);
@@ -229,8 +263,7 @@ void breakpoint(SearchContext& c) {
     for (double target : c.breaks) {
       const TargetRule rule{TargetRule::Seconds, target};
       if (!seen.insert(c.b.ring_set(rule, mu, false)).second) continue;
-      for (bool align : {false, true})
-        jobs.push_back({Pipe{.target = rule, .mu = mu, .align = align}, family_index("breakpoint")});
+      for (bool align : {false, true}) jobs.push_back({spec_of(rule, mu, align), family_index("breakpoint")});
     }
   }
   c.run_jobs(jobs);
@@ -245,7 +278,8 @@ void shelves(SearchContext& c, std::size_t drop, bool leads, const char* name) {
   std::vector<Job> jobs;
   for (const auto& rings : c.layouts(drop))
     for (double f : c.tune.shelf_mu_factors) {
-      const Pipe spec{.target = base.target, .mu = base.mu * f, .fixed = &rings};
+      Pipe spec = spec_of(base.target, base.mu * f, false);
+      spec.fixed = &rings;
       if (leads) {
         for (double frac : c.tune.shelf_lead_fractions) {
           Pipe s = spec;
@@ -270,9 +304,6 @@ void shelf_leads(SearchContext& c) {
 }
 void shelf_drops(SearchContext& c) {
   if (has_drop(c, 1)) shelves(c, static_cast<std::size_t>(c.tune.shelf_drops[1]), false, "shelf-drops");
-}
-void shelf_drop_leads(SearchContext& c) {
-  if (has_drop(c, 1)) shelves(c, static_cast<std::size_t>(c.tune.shelf_drops[1]), true, "shelf-drop-leads");
 }
 
 // Units: rings of one width per node-aligned unit, microbatches packed towards the best split (units.hpp); giants
@@ -342,7 +373,6 @@ const std::vector<CandidateFamily>& families() {
       {"shelf-leads", "shelf layouts with one lead microbatch before the first shelf", 2, &shelved, &shelf_leads},
       {"shelf-drops", "shelf layouts of all giants but the smallest, which the ring picker places", 4, &shelved,
        &shelf_drops},
-      {"shelf-drop-leads", "shelf-drops with one lead microbatch", 2, &shelved, &shelf_drop_leads},
       {"units", "rings of one width per node-aligned unit, packed towards the best split", 0, &pipelined, &units},
       {"anchors", "the other strategies' plans (packing, fcp, megatron, bytescale)", 0, &always, &anchors},
   };

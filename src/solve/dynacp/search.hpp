@@ -55,6 +55,14 @@ struct Job {
 /// What the families share: the builder, the bound's terms and grids, the records earlier families leave for later
 /// ones (the plain trials, the extra-target trials, the best tau), the per-family pools and the direct candidates.
 struct SearchContext {
+  SearchContext(const Builder& builder, const PlanOptions& o, Runner& runner)
+      : b(builder),
+        batch(builder.batch()),
+        cluster(builder.cluster()),
+        cost(builder.cost()),
+        options(o),
+        tune(builder.tuning()),
+        run(runner) {}
   const Builder& b;
   const Batch& batch;
   const Cluster& cluster;
