@@ -188,27 +188,47 @@ def _link_arrays(g: _Groups, links: dict[str, float], cluster: Any) -> tuple[np.
     return lat, bw
 
 
+def fit_causal_factor(rows: list[dict], base: Any, comm_of: Any) -> tuple[float, bool]:
+    """The causal mask factor eta (relative to full_factor) that fits the groups best, on a grid of 0.25 to 1.5 in
+    steps of 0.05, when the groups hold both masks; else ``base.causal_factor``. Returns (eta, fitted)."""
+    if len({r["mask"] for r in rows}) < 2:
+        return float(base.causal_factor), False
+    best = (float("inf"), float(base.causal_factor))
+    trial = base.__class__(**dict(base.to_dict()))
+    for eta in np.round(np.arange(0.25, 1.5001, 0.05), 2):
+        trial.causal_factor = float(eta)
+        g = _Groups.of(rows, trial)
+        err = _fit_abc(g, comm_of(g))[1]
+        if err < best[0] - 1e-12:
+            best = (err, float(eta))
+    return best[1], True
+
+
 def _fit_groups(profile: Profile, base: Any, links: dict[str, float], cluster: Any,
                 kv_default: float) -> tuple[np.ndarray, float, str]:
-    """(a, b, c), kv_bytes_per_token and a note on where kv_bytes_per_token came from."""
+    """(a, b, c), kv_bytes_per_token and a note on where kv_bytes_per_token came from; sets ``base.causal_factor``
+    when the groups hold both masks."""
     rows = profile.rows("group")
-    g = _Groups.of(rows, base)
     if len(rows) < 3 or len({(r["degree"], sum(r["lengths"])) for r in rows}) < 3:
         raise _too_few("compute (a, b, c)", "group", "at least 3 rows of different degree or tokens", len(rows),
                        profile.source)
-    lat, bw = _link_arrays(g, links, cluster)
+    g0 = _Groups.of(rows, base)
+    lat, bw = _link_arrays(g0, links, cluster)
+    base.causal_factor, eta_fitted = fit_causal_factor(rows, base, lambda g: g.comm(kv_default, lat, bw))
+    g = _Groups.of(rows, base)
     coef, err = _fit_abc(g, g.comm(kv_default, lat, bw))
+    eta_note = (f"causal_factor {base.causal_factor:g} fitted on groups of both masks; " if eta_fitted else "")
     if not (g.d > 1).any():
-        return coef, kv_default, "kv_bytes_per_token from the model dimensions (no group with degree > 1)"
+        return coef, kv_default, eta_note + "kv_bytes_per_token from the model dimensions (no group with degree > 1)"
     best = (err, kv_default, coef)
     for kvb in np.geomspace(1.0, 1e9, 91):  # one-dimensional search; the min of T over branches is not smooth
         c, e = _fit_abc(g, g.comm(float(kvb), lat, bw))
         if e < best[0] - 1e-12:
             best = (e, float(kvb), c)
     if best[0] >= err * 0.99:  # the groups barely depend on it (exchange hidden): keep the physical value
-        return coef, kv_default, ("kv_bytes_per_token from the model dimensions (the measured groups' times do not "
-                                  "identify it: the exchange is hidden or negligible)")
-    return best[2], best[1], "kv_bytes_per_token fitted on the groups with degree > 1"
+        return coef, kv_default, eta_note + ("kv_bytes_per_token from the model dimensions (the measured groups' "
+                                             "times do not identify it: the exchange is hidden or negligible)")
+    return best[2], best[1], eta_note + "kv_bytes_per_token fitted on the groups with degree > 1"
 
 
 def _fit_components(profile: Profile, base: Any) -> tuple[np.ndarray, list[TermFit]]:
@@ -248,7 +268,7 @@ def fit(profile: Union[Profile, str], base: Any = None, *, name: str = "calibrat
     from dynacp import _core
 
     prof = load_profile(profile) if isinstance(profile, str) else profile
-    base = base if base is not None else _core.CostModel()
+    base = _core.CostModel(**dict(base.to_dict())) if base is not None else _core.CostModel()
     cluster = cluster if cluster is not None else _core.Cluster()
     links, terms = fit_links(prof)
     kv_default = float(prof.meta.get("kv_bytes_per_token", base.kv_bytes_per_token))
