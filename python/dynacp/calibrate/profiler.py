@@ -89,15 +89,16 @@ def kv_bytes_per_token(model: Any, dtype_bytes: int) -> float:
 
 
 def pack_shapes(cfg: ProfileConfig, max_tokens: int) -> list[list[int]]:
-    """The THD packs profiled: for each total T in min_tokens * 2^k <= max_tokens, ``n`` documents of T/n tokens
-    for each n in ``pack_docs`` with T/n >= min_tokens."""
+    """The THD packs profiled: for each total T = round(min_tokens * 2^(k/2)) <= max_tokens (half-octave steps,
+    so that most sizes are not powers of two, as real lengths are not), ``n`` documents of T/n tokens for each n
+    in ``pack_docs`` with T/n >= min_tokens."""
     out = []
-    t = cfg.min_tokens
-    while t <= max_tokens:
+    k = 0
+    while (t := int(round(cfg.min_tokens * 2 ** (k / 2)))) <= max_tokens:
         for n in cfg.pack_docs:
             if t // n >= cfg.min_tokens:
                 out.append([t // n] * n)
-        t *= 2
+        k += 1
     return out
 
 
