@@ -124,7 +124,7 @@ def test_online_refit_changes_the_plans(refit_run):
     for step in range(STEPS + 1, STEPS + 6):
         lens = np.asarray(batch_lengths(step))
 
-        def true_time(cost: dynacp.CostModel) -> float:
+        def true_time(cost: dynacp.CostModel, lens: np.ndarray = lens) -> float:
             return dynacp.predict(dynacp.plan(lens, cluster, cost), lens, cluster, hidden).step_time
 
         ideal, learned, start = true_time(hidden), true_time(final), true_time(wrong)
@@ -138,10 +138,6 @@ def test_refit_off_by_default_changes_nothing():
     assert planner.refit_every == 0
     with pytest.raises(ValueError, match="refit_every"):
         Planner(refit_every=-1)
-
-
-def _profile_worker_free() -> None:  # keep module importable under spawn
-    return None
 
 
 def test_profile_small_run_has_every_table(tmp_path):

@@ -204,31 +204,55 @@ def fit_causal_factor(rows: list[dict], base: Any, comm_of: Any) -> tuple[float,
     return best[1], True
 
 
+def _search_kvb(g: _Groups, lat: np.ndarray, bw: np.ndarray, kv_default: float) -> tuple[np.ndarray, float, bool]:
+    """(a, b, c), kv_bytes_per_token and whether it was fitted: a grid over 1 B to 1 GB, refined by golden section
+    in log(kv_bytes_per_token); the default is kept unless the fit improves by more than 1 %."""
+    coef, err = _fit_abc(g, g.comm(kv_default, lat, bw))
+    grid = np.geomspace(1.0, 1e9, 91)  # the max of two branches is not smooth: search, do not differentiate
+    errs = [_fit_abc(g, g.comm(float(kvb), lat, bw))[1] for kvb in grid]
+    i = int(np.argmin(errs))
+    lo, hi = np.log(grid[max(i - 1, 0)]), np.log(grid[min(i + 1, grid.size - 1)])
+    phi = (np.sqrt(5) - 1) / 2
+    for _ in range(80):
+        m1, m2 = hi - phi * (hi - lo), lo + phi * (hi - lo)
+        if _fit_abc(g, g.comm(float(np.exp(m1)), lat, bw))[1] <= _fit_abc(g, g.comm(float(np.exp(m2)), lat, bw))[1]:
+            hi = m2
+        else:
+            lo = m1
+    kvb = float(np.exp((lo + hi) / 2))
+    c, e = _fit_abc(g, g.comm(kvb, lat, bw))
+    if e >= err * 0.99 or e >= err - 1e-12:  # the groups barely depend on it (exchange hidden): keep the default
+        return coef, kv_default, False
+    return c, kvb, True
+
+
 def _fit_groups(profile: Profile, base: Any, links: dict[str, float], cluster: Any,
                 kv_default: float) -> tuple[np.ndarray, float, str]:
-    """(a, b, c), kv_bytes_per_token and a note on where kv_bytes_per_token came from; sets ``base.causal_factor``
-    when the groups hold both masks."""
+    """(a, b, c), kv_bytes_per_token and a note on where the mask factor and kv_bytes_per_token came from; sets
+    ``base.causal_factor`` when the groups hold both masks. The mask factor and kv_bytes_per_token are searched
+    in turn, twice (each search fits a, b, c at every point it tries)."""
     rows = profile.rows("group")
     if len(rows) < 3 or len({(r["degree"], sum(r["lengths"])) for r in rows}) < 3:
         raise _too_few("compute (a, b, c)", "group", "at least 3 rows of different degree or tokens", len(rows),
                        profile.source)
-    g0 = _Groups.of(rows, base)
-    lat, bw = _link_arrays(g0, links, cluster)
-    base.causal_factor, eta_fitted = fit_causal_factor(rows, base, lambda g: g.comm(kv_default, lat, bw))
-    g = _Groups.of(rows, base)
-    coef, err = _fit_abc(g, g.comm(kv_default, lat, bw))
-    eta_note = (f"causal_factor {base.causal_factor:g} fitted on groups of both masks; " if eta_fitted else "")
-    if not (g.d > 1).any():
-        return coef, kv_default, eta_note + "kv_bytes_per_token from the model dimensions (no group with degree > 1)"
-    best = (err, kv_default, coef)
-    for kvb in np.geomspace(1.0, 1e9, 91):  # one-dimensional search; the min of T over branches is not smooth
-        c, e = _fit_abc(g, g.comm(float(kvb), lat, bw))
-        if e < best[0] - 1e-12:
-            best = (e, float(kvb), c)
-    if best[0] >= err * 0.99:  # the groups barely depend on it (exchange hidden): keep the physical value
-        return coef, kv_default, eta_note + ("kv_bytes_per_token from the model dimensions (the measured groups' "
-                                             "times do not identify it: the exchange is hidden or negligible)")
-    return best[2], best[1], eta_note + "kv_bytes_per_token fitted on the groups with degree > 1"
+    lat, bw = _link_arrays(_Groups.of(rows, base), links, cluster)
+    ring = any(r["degree"] > 1 for r in rows)
+    kvb, kv_fitted, eta_fitted = kv_default, False, False
+    for _ in range(2 if ring else 1):
+        base.causal_factor, eta_fitted = fit_causal_factor(rows, base, lambda g, k=kvb: g.comm(k, lat, bw))
+        g = _Groups.of(rows, base)
+        coef = _fit_abc(g, g.comm(kvb, lat, bw))[0]
+        if ring:
+            coef, kvb, kv_fitted = _search_kvb(g, lat, bw, kv_default)
+    note = f"causal_factor {base.causal_factor:g} fitted on groups of both masks; " if eta_fitted else ""
+    if not ring:
+        note += "kv_bytes_per_token from the model dimensions (no group with degree > 1)"
+    elif not kv_fitted:
+        note += ("kv_bytes_per_token from the model dimensions (the measured groups' times do not identify it: the "
+                 "exchange is hidden or negligible)")
+    else:
+        note += "kv_bytes_per_token fitted on the groups with degree > 1"
+    return coef, kvb, note
 
 
 def _fit_components(profile: Profile, base: Any) -> tuple[np.ndarray, list[TermFit]]:
@@ -306,7 +330,6 @@ def fit(profile: Union[Profile, str], base: Any = None, *, name: str = "calibrat
 def group_error(profile: Profile, cost: Any, links: dict[str, float], cluster: Any = None) -> TermFit:
     """Whole-group relative error of ``cost`` (through the C++ ``CostModel.time``) on the profile's group table."""
     from dynacp import _core
-
     from dynacp.calibrate.fileformat import apply_links
 
     rows = profile.rows("group")

@@ -442,7 +442,6 @@ def check(cost: Any, links: dict[str, float], config: Optional[ProfileConfig] = 
     over ``world_size`` processes and return, per microbatch, ``lengths``, ``degree``, ``measured`` (median s),
     ``spread`` (relative IQR) and ``predicted`` (``cost.time`` with the measured links) seconds."""
     from dynacp import _core
-
     from dynacp.calibrate.fileformat import apply_links
 
     cfg = config or ProfileConfig()

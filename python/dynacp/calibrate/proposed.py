@@ -70,9 +70,30 @@ class ProposedModel:
         vals = [v for v in (a, b) if v is not None]
         return float(np.mean(vals)) if vals else 0.0
 
-    def time(self, s: float, d: float) -> float:
-        """t(s, d) in seconds."""
+    def raw_time(self, s: float, d: float) -> float:
+        """p(s, d) * r(s, d) before the monotone envelope."""
         return float(self.parametric(np.array([s]), np.array([d]))[0]) * float(np.exp(self.log_ratio(s, d)))
+
+    def time(self, s: float, d: float) -> float:
+        """t(s, d) in seconds: :meth:`raw_time` under its monotone envelope in s. Inside the table's length range,
+        the running maximum of raw_time at 8 nodes per octave, interpolated linearly in (log s, log t) (a
+        piecewise-linear reading of a non-decreasing sequence, so non-decreasing); below the range raw_time itself
+        (p grows, r is constant there); above it raw_time, at least the envelope's last value."""
+        lens = sorted({k[0] for k in self.table})
+        if not lens or s <= lens[0]:
+            return self.raw_time(s, d)
+        nodes, vals = self._envelope(float(d), float(lens[0]), float(lens[-1]))
+        if s >= lens[-1]:
+            return max(self.raw_time(s, d), float(vals[-1]))
+        return float(np.exp(np.interp(np.log(s), np.log(nodes), np.log(vals))))
+
+    def _envelope(self, d: float, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+        cache = self.__dict__.setdefault("_env_cache", {})
+        if d not in cache:
+            k = int(np.ceil(8 * np.log2(hi / lo)))
+            nodes = np.minimum(lo * 2.0 ** (np.arange(k + 1) / 8), hi)
+            cache[d] = (nodes, np.maximum.accumulate([self.raw_time(x, d) for x in nodes]))
+        return cache[d]
 
 
 def _features(s: np.ndarray, d: np.ndarray, degrees: Sequence[int]) -> np.ndarray:

@@ -342,7 +342,7 @@ class DynamicCPDataIterator:
         self._online.pending.append(rec)
         self._online.mine.append(rec)
 
-    def measure(self, microbatch: dict) -> "_Measure":
+    def measure(self, microbatch: dict) -> _Measure:
         """``with wrapper.measure(mb): loss = model(mb); loss.backward()`` times the block (CUDA events when the
         microbatch's tokens are on a GPU, else perf_counter) and records it (see :meth:`record`)."""
         tokens = microbatch.get("tokens")
@@ -874,7 +874,7 @@ class _Measure:
 
         self.wrapper, self.microbatch, self.timer = wrapper, microbatch, Timer(cuda)
 
-    def __enter__(self) -> "_Measure":
+    def __enter__(self) -> _Measure:
         self.timer.start()
         return self
 
