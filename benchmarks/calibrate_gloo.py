@@ -1,9 +1,10 @@
 """Acceptance run of ``dynacp calibrate`` on this machine (docs/calibration.md, docs/benchmarks.md):
 
-1. profile the tiny model on 2 gloo processes (CPU) and time it;
-2. fit the cost model to the profile;
-3. run 24 random causal ring-attention microbatches (whole layers: linear + ring attention over gloo, forward +
-   backward, all layers) and compare their measured times with the fitted model's predictions.
+1. profile the tiny model on 2 gloo processes (CPU) and time it (``dynacp calibrate profile``'s defaults);
+2. in the same run, interleaved with the profile's points (so both see the same machine load), 24 held-out random
+   causal ring-attention microbatches (whole layers: linear + ring attention over gloo + MLP, forward + backward,
+   all layers);
+3. fit the cost model to the profile alone and compare its predictions with the held-out measurements.
 
     DYNACP_EXT_DIR=$PWD/build/python PYTHONPATH=$PWD/python python3 benchmarks/calibrate_gloo.py [--out DIR]
 
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 import dynacp.calibrate as cal
-from dynacp.calibrate.profiler import check
+from dynacp.calibrate.profiler import predict_rows, profile_with_holdout
 
 
 def main() -> None:
@@ -32,15 +33,16 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    prof = cal.profile(progress=False)
+    prof, rows = profile_with_holdout(count=args.count, progress=False)
     wall = time.perf_counter() - t0
     cal.save_profile(prof, out / "profile.json")
     result = cal.fit_to_file(str(out / "profile.json"), str(out / "preset.json"), name="cpu-gloo-tiny")
-    print(f"profile: {wall:.1f} s wall ({prof.meta['device']}, {prof.meta['backend']}, world "
+    print(f"profile + {len(rows)} held-out microbatches: {wall:.1f} s wall ({prof.meta['device']}, {prof.meta['backend']}, world "
           f"{prof.meta['world_size']}, torch {prof.meta['torch']})")
     print(result.format())
     cost, links = cal.load_preset(out / "preset.json")
-    rows = check(cost, links, count=args.count)
+    for r, p in zip(rows, predict_rows(cost, links, rows, prof.meta["world_size"])):
+        r["predicted"] = p
     rel = np.array([(r["predicted"] - r["measured"]) / r["measured"] for r in rows])
     noise = np.median([r["spread"] for r in rows])
     (out / "check.json").write_text(json.dumps(rows, indent=1) + "\n")

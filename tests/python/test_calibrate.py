@@ -30,7 +30,7 @@ LINKS = {"intra_node_latency": 2.0e-5, "intra_node_bandwidth": 5.0e9}
 
 
 def synthetic_profile(true: dict = TRUE, links: dict = LINKS, noise: float = 0.0, seed: int = 0) -> Profile:
-    """A profile whose group times follow the current C++ form exactly (times ``1 + noise * N(0,1)``, P2P times a
+    """A profile whose group times follow the current C++ form exactly (times ``exp(noise * N(0,1))``, P2P times a
     tenth of that noise), with the
     exchange exposed on some groups (long packs of short documents on many ranks)."""
     rng = np.random.default_rng(seed)
@@ -42,7 +42,7 @@ def synthetic_profile(true: dict = TRUE, links: dict = LINKS, noise: float = 0.0
             for mask in ("causal", "full"):
                 t = cost.time(lengths, d, cluster, dynacp.Mask.FULL if mask == "full" else dynacp.Mask.CAUSAL, False)
                 groups.append({"lengths": lengths, "degree": d, "mask": mask, "crosses_nodes": False,
-                               "seconds": t * (1 + noise * rng.standard_normal()), "spread": 0.0})
+                               "seconds": t * float(np.exp(noise * rng.standard_normal())), "spread": 0.0})
     p2p = [{"group_size": 2, "crosses_nodes": False, "bytes": float(b),
             "seconds": (links["intra_node_latency"] + b / links["intra_node_bandwidth"]) * (1 + 0.1 * noise *
                                                                                           rng.standard_normal()),

@@ -162,21 +162,32 @@ class _Groups:
         return np.where(self.d > 1, (self.d - 1) * (lat + self.S / self.d * kvb / bw), 0.0)
 
 
+def _solve_branch(g: _Groups, hidden: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """[a, b, c] for a fixed branch per row, by least squares on the log-symmetric relative error
+    ``(p - t)^2 / (p t)`` (relative least squares, then 4 reweightings by t / p): plain relative least squares is
+    biased low under noise (it penalises a prediction above a fast measurement more than one below a slow one)."""
+    X = np.c_[g.S2 / g.d * hidden, g.S / g.d, np.ones_like(g.t)]
+    fixed = [0] if not hidden.any() else []
+    weights = None
+    for _ in range(5):
+        coef = nonneg_relative_lsq(X, g.t, weights=weights, offset=offset, fixed_zero=fixed)
+        weights = g.t / np.maximum(X @ coef + offset, 1e-12 * g.t)
+    return coef
+
+
 def _fit_abc(g: _Groups, comm: np.ndarray) -> tuple[np.ndarray, float]:
-    """(a, b, c) of T = b S/d + c + max(a S2/d, comm) and its sum of squared relative errors; the branch of every
-    row is fixed, fitted, and re-decided until it no longer changes (at most 50 rounds; deterministic)."""
+    """(a, b, c) of T = b S/d + c + max(a S2/d, comm) and its error (sum of squared log ratios); the branch of every
+    row is fixed, fitted and re-decided until it no longer changes (at most 50 rounds; deterministic)."""
     hidden = np.ones(g.t.size, dtype=bool)  # start: every exchange hidden behind attention
     coef = np.zeros(3)
     for _ in range(50):
-        X = np.c_[g.S2 / g.d * hidden, g.S / g.d, np.ones_like(g.t)]
-        fixed = [0] if not hidden.any() else []
-        coef = nonneg_relative_lsq(X, g.t, offset=np.where(hidden, 0.0, comm), fixed_zero=fixed)
+        coef = _solve_branch(g, hidden, np.where(hidden, 0.0, comm))
         now = coef[0] * g.S2 / g.d >= comm
         if np.array_equal(now, hidden):
             break
         hidden = now
-    pred = coef[1] * g.S / g.d + coef[2] + np.maximum(coef[0] * g.S2 / g.d, comm)
-    return coef, float(np.sum(relative_errors(pred, g.t) ** 2))
+    pred = np.maximum(coef[1] * g.S / g.d + coef[2] + np.maximum(coef[0] * g.S2 / g.d, comm), 1e-12 * g.t)
+    return coef, float(np.sum(np.log(pred / g.t) ** 2))
 
 
 def _link_arrays(g: _Groups, links: dict[str, float], cluster: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -204,23 +215,26 @@ def fit_causal_factor(rows: list[dict], base: Any, comm_of: Any) -> tuple[float,
     return best[1], True
 
 
-def _search_kvb(g: _Groups, lat: np.ndarray, bw: np.ndarray, kv_default: float) -> tuple[np.ndarray, float, bool]:
+def _search_kvb(g: _Groups, lat: np.ndarray, bw: np.ndarray, kv_default: float
+                ) -> tuple[np.ndarray, float, bool]:
     """(a, b, c), kv_bytes_per_token and whether it was fitted: a grid over 1 B to 1 GB, refined by golden section
     in log(kv_bytes_per_token); the default is kept unless the fit improves by more than 1 %."""
-    coef, err = _fit_abc(g, g.comm(kv_default, lat, bw))
+    def at(kvb: float) -> tuple[np.ndarray, float]:
+        return _fit_abc(g, g.comm(kvb, lat, bw))
+
+    coef, err = at(kv_default)
     grid = np.geomspace(1.0, 1e9, 91)  # the max of two branches is not smooth: search, do not differentiate
-    errs = [_fit_abc(g, g.comm(float(kvb), lat, bw))[1] for kvb in grid]
-    i = int(np.argmin(errs))
+    i = int(np.argmin([at(float(kvb))[1] for kvb in grid]))
     lo, hi = np.log(grid[max(i - 1, 0)]), np.log(grid[min(i + 1, grid.size - 1)])
     phi = (np.sqrt(5) - 1) / 2
     for _ in range(80):
         m1, m2 = hi - phi * (hi - lo), lo + phi * (hi - lo)
-        if _fit_abc(g, g.comm(float(np.exp(m1)), lat, bw))[1] <= _fit_abc(g, g.comm(float(np.exp(m2)), lat, bw))[1]:
+        if at(float(np.exp(m1)))[1] <= at(float(np.exp(m2)))[1]:
             hi = m2
         else:
             lo = m1
     kvb = float(np.exp((lo + hi) / 2))
-    c, e = _fit_abc(g, g.comm(kvb, lat, bw))
+    c, e = at(kvb)
     if e >= err * 0.99 or e >= err - 1e-12:  # the groups barely depend on it (exchange hidden): keep the default
         return coef, kv_default, False
     return c, kvb, True
@@ -229,8 +243,8 @@ def _search_kvb(g: _Groups, lat: np.ndarray, bw: np.ndarray, kv_default: float) 
 def _fit_groups(profile: Profile, base: Any, links: dict[str, float], cluster: Any,
                 kv_default: float) -> tuple[np.ndarray, float, str]:
     """(a, b, c), kv_bytes_per_token and a note on where the mask factor and kv_bytes_per_token came from; sets
-    ``base.causal_factor`` when the groups hold both masks. The mask factor and kv_bytes_per_token are searched
-    in turn, twice (each search fits a, b, c at every point it tries)."""
+    ``base.causal_factor`` when the groups hold both masks. The mask factor and kv_bytes_per_token are searched in
+    turn, twice (each search fits a, b, c at every point it tries)."""
     rows = profile.rows("group")
     if len(rows) < 3 or len({(r["degree"], sum(r["lengths"])) for r in rows}) < 3:
         raise _too_few("compute (a, b, c)", "group", "at least 3 rows of different degree or tokens", len(rows),
@@ -239,7 +253,7 @@ def _fit_groups(profile: Profile, base: Any, links: dict[str, float], cluster: A
     ring = any(r["degree"] > 1 for r in rows)
     kvb, kv_fitted, eta_fitted = kv_default, False, False
     for _ in range(2 if ring else 1):
-        base.causal_factor, eta_fitted = fit_causal_factor(rows, base, lambda g, k=kvb: g.comm(k, lat, bw))
+        base.causal_factor, eta_fitted = fit_causal_factor(rows, base, lambda g, kv=kvb: g.comm(kv, lat, bw))
         g = _Groups.of(rows, base)
         coef = _fit_abc(g, g.comm(kvb, lat, bw))[0]
         if ring:

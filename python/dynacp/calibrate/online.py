@@ -128,14 +128,14 @@ def refit(cost: Any, cluster: Any, records: Sequence[GroupRecord], options: Refi
                           f"{options.min_samples}, 3 distinct shapes)")
         return cost, keep
     g, comm = _groups(recs, cost, cluster)
-    abc, _ = _fit_abc(g, comm)
+    abc = _fit_abc(g, comm)[0]
     res = relative_errors(_predict(g, comm, abc), g.t)
     med = np.median(res)
     mad = 1.4826 * np.median(np.abs(res - med))
     inlier = np.abs(res - med) <= options.outlier_mads * max(mad, 1e-3)
     if inlier.sum() >= options.min_samples and not inlier.all():
         sub = _Groups(g.S2[inlier], g.S[inlier], g.d[inlier], g.cross[inlier], g.t[inlier], g.longest[inlier])
-        abc, _ = _fit_abc(sub, comm[inlier])
+        abc = _fit_abc(sub, comm[inlier])[0]
     hi = 1.0 + options.max_change
     bounded = np.where(old > 0, np.clip(abc, old / hi, old * hi), abc)
     new = _core.CostModel(**dict(cost.to_dict()))

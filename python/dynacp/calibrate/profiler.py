@@ -350,6 +350,15 @@ def _stats(times: list[float]) -> tuple[float, float]:
     return float(med), float((q75 - q25) / med) if med > 0 else 0.0
 
 
+def _configured(config: Optional[ProfileConfig], overrides: dict) -> ProfileConfig:
+    cfg = config or ProfileConfig()
+    for k, v in overrides.items():
+        if not hasattr(cfg, k):
+            raise ValueError(f"ProfileConfig has no field {k!r}")
+        setattr(cfg, k, v)
+    return cfg
+
+
 def run_profile(config: Optional[ProfileConfig] = None, linear_fn: Optional[Callable[[int], None]] = None,
                 **overrides: Any) -> Profile:
     """Measure a profile (see the module docstring); ``overrides`` set :class:`ProfileConfig` fields.
@@ -357,19 +366,28 @@ def run_profile(config: Optional[ProfileConfig] = None, linear_fn: Optional[Call
     ``linear_fn(tokens)`` (optional): runs one microbatch's linear work of ``tokens`` tokens, forward + backward,
     on this process; it replaces the model's matmuls in the ``linear`` table (timed here, in the calling process).
     """
+    return _profile(_configured(config, overrides), linear_fn, [])[0]
+
+
+def _profile(cfg: ProfileConfig, linear_fn: Optional[Callable[[int], None]],
+             extra: list[Job]) -> tuple[Profile, list[list[float]]]:
+    """The profile, and the times of ``extra`` jobs run in the same world, interleaved with the profile's."""
     import torch
 
     import dynacp
 
-    cfg = config or ProfileConfig()
-    for k, v in overrides.items():
-        if not hasattr(cfg, k):
-            raise ValueError(f"ProfileConfig has no field {k!r}")
-        setattr(cfg, k, v)
     settings, max_tokens, p2p_max = _settings(cfg)
     jobs = profile_jobs(cfg, max_tokens, p2p_max)
+    everything = jobs + extra
+    # run in a seeded random order, so that a change of the machine's load during the run (other processes) spreads
+    # over every shape instead of biasing some; rows are written in the canonical order
+    order = np.random.default_rng(cfg.seed).permutation(len(everything))
     t0 = time.perf_counter()
-    res = run_jobs(cfg, jobs, settings)
+    shuffled = run_jobs(cfg, [everything[i] for i in order], settings)
+    times: list[Any] = [None] * len(everything)
+    for k, i in enumerate(order):
+        times[i] = shuffled["times"][k]
+    res = dict(shuffled, times=times[:len(jobs)])
     model = _model(cfg.model)
     rpn = cfg.ranks_per_node or cfg.world_size
     prof = Profile(source="<profile>")
@@ -380,8 +398,8 @@ def run_profile(config: Optional[ProfileConfig] = None, linear_fn: Optional[Call
                  "kv_bytes_per_token": kv_bytes_per_token(model, 2 if settings["dtype"] in ("bfloat16", "float16")
                                                           else 4),
                  "seconds": round(time.perf_counter() - t0, 1)}
-    for job, times in zip(jobs, res["times"]):
-        med, spread = _stats(times)
+    for job, runs in zip(jobs, res["times"]):
+        med, spread = _stats(runs)
         crosses = int(job.degree > 1 and job.degree > rpn)
         if job.kind == "linear":
             row: dict[str, Any] = {"tokens": job.lengths[0], "seconds": med, "spread": spread}
@@ -398,7 +416,7 @@ def run_profile(config: Optional[ProfileConfig] = None, linear_fn: Optional[Call
         prof.tables.setdefault(job.kind, []).append(row)
     if linear_fn is not None:
         prof.tables["linear"] = _user_linear(linear_fn, [j.lengths[0] for j in jobs if j.kind == "linear"], cfg)
-    return prof
+    return prof, times[len(jobs):]
 
 
 def _user_linear(fn: Callable[[int], None], tokens: list[int], cfg: ProfileConfig) -> list[dict]:
@@ -436,26 +454,29 @@ def random_groups(count: int, max_tokens: int, world_size: int, seed: int = 0, m
     return jobs
 
 
-def check(cost: Any, links: dict[str, float], config: Optional[ProfileConfig] = None, count: int = 24,
-          seed: int = 1, **overrides: Any) -> list[dict[str, Any]]:
-    """Run ``count`` random microbatches (:func:`random_groups`) as whole steps (all layers, forward + backward)
-    over ``world_size`` processes and return, per microbatch, ``lengths``, ``degree``, ``measured`` (median s),
-    ``spread`` (relative IQR) and ``predicted`` (``cost.time`` with the measured links) seconds."""
+def profile_with_holdout(config: Optional[ProfileConfig] = None, count: int = 24, seed: int = 1,
+                         **overrides: Any) -> tuple[Profile, list[dict[str, Any]]]:
+    """A profile, and ``count`` held-out random microbatches (:func:`random_groups`, causal) measured as whole steps
+    (all layers, forward + backward) in the same run, interleaved with the profile's points so that both see the
+    same machine load. Held-out rows: ``lengths``, ``degree``, ``measured`` (median s), ``spread`` (relative IQR)."""
+    cfg = _configured(config, overrides)
+    _, max_tokens, _ = _settings(cfg)
+    jobs = random_groups(count, max_tokens, cfg.world_size, seed, cfg.min_tokens)
+    prof, times = _profile(cfg, None, jobs)
+    layers = _model(cfg.model).num_layers
+    rows = []
+    for job, t in zip(jobs, times):
+        med, spread = _stats(t)
+        rows.append({"lengths": job.lengths, "degree": job.degree, "measured": med * layers, "spread": spread})
+    return prof, rows
+
+
+def predict_rows(cost: Any, links: dict[str, float], rows: list[dict[str, Any]], world_size: int,
+                 ranks_per_node: Optional[int] = None) -> list[float]:
+    """``cost.time`` (seconds) of held-out rows on a cluster with the measured ``links``."""
     from dynacp import _core
     from dynacp.calibrate.fileformat import apply_links
 
-    cfg = config or ProfileConfig()
-    for k, v in overrides.items():
-        setattr(cfg, k, v)
-    settings, max_tokens, _ = _settings(cfg)
-    jobs = random_groups(count, max_tokens, cfg.world_size, seed, cfg.min_tokens)
-    res = run_jobs(cfg, jobs, settings)
-    layers = _model(cfg.model).num_layers
-    rpn = cfg.ranks_per_node or cfg.world_size
-    cluster = apply_links(_core.Cluster(num_ranks=cfg.world_size, ranks_per_node=rpn), links)
-    out = []
-    for job, times in zip(jobs, res["times"]):
-        med, spread = _stats(times)
-        out.append({"lengths": job.lengths, "degree": job.degree, "measured": med * layers, "spread": spread,
-                    "predicted": cost.time(job.lengths, job.degree, cluster)})
-    return out
+    rpn = ranks_per_node or world_size
+    cluster = apply_links(_core.Cluster(num_ranks=world_size, ranks_per_node=rpn), links)
+    return [cost.time(r["lengths"], r["degree"], cluster) for r in rows]

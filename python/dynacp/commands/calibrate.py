@@ -55,7 +55,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
     prof = calibrate.profile(model=args.model, world_size=args.world_size, ranks_per_node=args.ranks_per_node,
                              max_tokens=args.max_tokens, repeats=args.repeats, warmup=args.warmup,
-                             progress=getattr(args, "verbose", 0) >= 0 and not getattr(args, "quiet", False))
+                             progress=not getattr(args, "quiet", False) and sys.stderr.isatty())
     calibrate.save_profile(prof, args.out)
     n = sum(len(rows) for rows in prof.tables.values())
     print(f"dynacp calibrate profile: {n} points in {prof.meta['seconds']} s on {prof.meta['device']} "
