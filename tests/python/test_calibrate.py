@@ -291,3 +291,25 @@ def test_refit_options_and_record_checks():
     with pytest.raises(ValueError, match="window"):
         RefitOptions(window=2)
     assert math.isnan(refit(dynacp.CostModel(), dynacp.Cluster(), [], RefitOptions())[1].error_before)
+
+
+def test_user_linear_callable_is_timed_per_token_count():
+    from dynacp.calibrate.profiler import ProfileConfig, _user_linear
+
+    seen = []
+    rows = _user_linear(lambda n: seen.append(n), [64, 128], ProfileConfig(warmup=1, repeats=3))
+    assert seen == [64] * 4 + [128] * 4
+    assert [r["tokens"] for r in rows] == [64, 128] and all(r["seconds"] >= 0 for r in rows)
+
+
+def test_pack_shapes_and_jobs():
+    from dynacp.calibrate.profiler import ProfileConfig, pack_shapes, profile_jobs
+
+    cfg = ProfileConfig(world_size=2, pack_docs=(1, 4))
+    packs = pack_shapes(cfg, 512)
+    assert [sum(p) for p in packs if len(p) == 1] == [64, 91, 128, 181, 256, 362, 512]
+    assert [p for p in packs if len(p) == 4] == [[64] * 4, [90] * 4, [128] * 4]
+    jobs = profile_jobs(cfg, 512, 1 << 20)
+    assert {j.kind for j in jobs} == {"linear", "attention", "p2p", "group"}
+    assert {j.degree for j in jobs if j.kind == "group"} == {1, 2}
+    assert all(j.mask == "causal" for j in jobs if j.kind in ("attention", "group") and len(j.lengths) > 1)

@@ -32,7 +32,7 @@ __all__ = ["FitResult", "Profile", "TermFit", "apply_links", "fit", "fit_to_file
 
 
 def profile(*args: Any, **kwargs: Any) -> Profile:
-    """Run the micro-benchmarks (see :func:`dynacp.calibrate.profile.run_profile`)."""
+    """Run the micro-benchmarks and return the profile (see :func:`dynacp.calibrate.profiler.run_profile`)."""
     from dynacp.calibrate.profiler import run_profile
 
     return run_profile(*args, **kwargs)
