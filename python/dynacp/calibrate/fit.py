@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -291,7 +292,7 @@ def _fit_components(profile: Profile, base: Any) -> tuple[np.ndarray, list[TermF
     return (ca + cl) * profile.layer_passes, terms
 
 
-def fit(profile: Union[Profile, str], base: Any = None, *, name: str = "calibrated",
+def fit(profile: Union[Profile, str, Path], base: Any = None, *, name: str = "calibrated",
         cluster: Any = None) -> FitResult:
     """Fit the cost model (and the links) to a profile; see the module docstring.
 
@@ -305,7 +306,7 @@ def fit(profile: Union[Profile, str], base: Any = None, *, name: str = "calibrat
     """
     from dynacp import _core
 
-    prof = load_profile(profile) if isinstance(profile, str) else profile
+    prof = profile if isinstance(profile, Profile) else load_profile(profile)
     base = _core.CostModel(**dict(base.to_dict())) if base is not None else _core.CostModel()
     cluster = cluster if cluster is not None else _core.Cluster()
     links, terms = fit_links(prof)
@@ -359,9 +360,10 @@ def group_error(profile: Profile, cost: Any, links: dict[str, float], cluster: A
                  np.array([float(max(r["lengths"])) for r in rows]))
 
 
-def fit_to_file(profile: Union[Profile, str], out: str, base: Any = None, name: str = "calibrated") -> FitResult:
+def fit_to_file(profile: Union[Profile, str, Path], out: Union[str, Path], base: Any = None,
+                name: str = "calibrated") -> FitResult:
     """:func:`fit`, then write the preset file ``out`` (read by ``dynacp.CostModel.load`` and ``--cost FILE``)."""
-    prof = load_profile(profile) if isinstance(profile, str) else profile
+    prof = profile if isinstance(profile, Profile) else load_profile(profile)
     result = fit(prof, base, name=name)
     save_preset(out, result.cost, result.links, result.report_dict(), prof.meta)
     return result

@@ -267,7 +267,7 @@ def _worker(rank: int, world: int, port: int, cfg: dict, jobs: list[Job], out_di
             bar = tqdm(total=len(jobs), desc="dynacp calibrate profile", unit="point")
         times = []
         for job in jobs:
-            t = torch.tensor(_run_job(job, ctx), dtype=torch.float64)
+            t = torch.tensor(_run_job(job, ctx), dtype=torch.float64, device=dev)  # NCCL reduces on the GPU
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a run takes as long as its slowest rank
             times.append(t.tolist())
             if bar is not None:

@@ -77,7 +77,8 @@ class Planner:
     """Refit the cost model online every this many global batches (0, the default: off). The training loop records
     each microbatch's forward + backward time (``DynamicCPDataIterator.measure`` / ``record``); pool rank 0 refits
     the compute terms robustly and broadcasts them with its plan digest, and every rank then plans with the same
-    model (``Planner.cost`` is replaced). See :mod:`dynacp.calibrate.online` and docs/calibration.md."""
+    model (``Planner.cost`` is replaced). pp = 1 only in this version. See :mod:`dynacp.calibrate.online` and
+    docs/calibration.md."""
     refit_options: Optional[Any] = None
     """:class:`dynacp.calibrate.online.RefitOptions` (window, outlier rejection, bounded change); ``None`` uses the
     defaults."""

@@ -299,6 +299,11 @@ class DynamicCPDataIterator:
         """Empty samples skipped over all global batches so far (whole pool)."""
         self.steps = 0
         self._online = _OnlineState()
+        if planner.refit_every > 0 and groups.pp is not None and dist.get_world_size(groups.pp) > 1:
+            # every stage that reads data plans for itself; stages measuring different work would refit different
+            # models and then disagree on the plan digest
+            raise ValueError("Planner.refit_every > 0 needs pipeline parallelism off (pp = 1) in this version: the "
+                             "stages would refit different models; set refit_every = 0 or use pp = 1")
 
     # -- public ------------------------------------------------------------------------------------------------------
 
@@ -330,11 +335,14 @@ class DynamicCPDataIterator:
 
     def record(self, microbatch: dict, seconds: float, batch: Optional[int] = None) -> None:
         """Record that this rank trained ``microbatch`` (forward + backward) in ``seconds``; ``batch`` defaults to the
-        latest global batch. Used by the online refit (``Planner.refit_every``); cheap, no communication."""
+        latest global batch. Used by the online refit (``Planner.refit_every``; with it off nothing is kept); cheap,
+        no communication."""
         from dynacp.calibrate.online import GroupRecord
 
         if not (seconds > 0) or seconds != seconds or seconds == float("inf"):
             raise ValueError(f"record: seconds must be a positive finite number, got {seconds!r}")
+        if self.planner.refit_every <= 0:
+            return  # online refit off: nothing is kept
         cu = [int(x) for x in microbatch["cu_seqlens"]]
         rec = GroupRecord(self.steps - 1 if batch is None else int(batch), int(microbatch["slot"]),
                           tuple(int(r) for r in microbatch["ring"]), tuple(b - a for a, b in zip(cu[:-1], cu[1:])),
