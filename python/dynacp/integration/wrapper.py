@@ -386,17 +386,22 @@ class DynamicCPDataIterator:
         g = self.groups
         gathered = self._pool.gather_objects(st.pending, g.dp_cp, f"the online-refit gather before global batch {k}")
         st.pending = []
-        payload = None
+        payload: Any = None
         if g.pool_index == 0:
-            st.history.extend(r for recs in gathered for r in recs)
-            opts = self.planner.refit_options or RefitOptions()
-            st.history = st.history[-4 * opts.window * g.pool_size:]
-            cluster = self.planner.resolved_cluster(g.pool_size)
-            new, result = refit(self.planner.cost or dynacp.CostModel(), cluster, st.history, opts, k)
-            result.digest = st.last_digest
-            payload = (dict(new.to_dict()), st.last_digest, result)
+            try:
+                st.history.extend(r for recs in gathered for r in recs)
+                opts = self.planner.refit_options or RefitOptions()
+                st.history = st.history[-4 * opts.window * g.pool_size:]
+                cluster = self.planner.resolved_cluster(g.pool_size)
+                new, result = refit(self.planner.cost or dynacp.CostModel(), cluster, st.history, opts, k)
+                result.digest = st.last_digest
+                payload = (dict(new.to_dict()), st.last_digest, result)
+            except Exception as exc:  # every rank raises it, not only pool rank 0
+                payload = ("error", failure_cause(exc), None)
         fields, digest, result = self._pool.broadcast_object(payload, g.pool_ranks[0], g.dp_cp,
                                                              f"the online-refit broadcast before global batch {k}")
+        if fields == "error":
+            raise RuntimeError(f"dynacp: the online refit before global batch {k} failed on pool rank 0: {digest}")
         if digest != st.last_digest:
             raise PlanMismatchError(f"dynacp: online refit before global batch {k}: pool rank 0's last plan digest "
                                     f"{digest:#018x} differs from this rank's {st.last_digest:#018x}")
