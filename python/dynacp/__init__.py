@@ -31,7 +31,11 @@ from dynacp._core import (  # noqa: E402
 )
 from dynacp.api import lower_bound, plan, predict  # noqa: E402
 from dynacp.balance import balance, balance_lower_bound  # noqa: E402
+from dynacp.calibrate.fileformat import load_cost as _load_cost  # noqa: E402
 from dynacp.planner import configs  # noqa: E402
+
+# dynacp.CostModel.load(path): a cost preset file written by `dynacp calibrate fit` (docs/calibration.md)
+CostModel.load = staticmethod(_load_cost)  # type: ignore[attr-defined]
 
 __version__ = "0.1.0"
 

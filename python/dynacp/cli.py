@@ -1,4 +1,5 @@
-"""The ``dynacp`` command line: ``dynacp compare``, ``dynacp plan``, ``dynacp report``, ``dynacp configs``.
+"""The ``dynacp`` command line: ``dynacp compare``, ``dynacp plan``, ``dynacp report``, ``dynacp configs``,
+``dynacp calibrate``.
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)`` (which registers the parser and sets
 ``func``); this file only collects them and adds what every command shares: ``--version`` and the logging flags
@@ -24,6 +25,7 @@ SUBCOMMANDS = {
     "plan": "dynacp.commands.plan",
     "report": "dynacp.commands.report",
     "configs": "dynacp.planner.cli",
+    "calibrate": "dynacp.commands.calibrate",
 }
 
 

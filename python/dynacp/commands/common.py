@@ -44,7 +44,8 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokens-per-rank", type=int, default=16384,
                    help="activation budget: tokens one rank holds per microbatch (default 16384)")
     g.add_argument("--cost", default="bytescale-fig6a", help=f"cost preset: {', '.join(_core.preset_names())} "
-                   "(default %(default)s; docs/cost_model.md)")
+                   "(default %(default)s; docs/cost_model.md), or a cost preset file written by `dynacp calibrate "
+                   "fit` (its measured links set the cluster's; docs/calibration.md)")
     g.add_argument(*flags("--pp"), dest="pp", type=int, default=1,
                    help="pipeline stages per rank of the pool (default 1 = no pipeline)")
     g.add_argument(*flags("--vpp"), dest="vpp", type=int, default=1,
@@ -75,9 +76,12 @@ def cluster_and_cost(args: argparse.Namespace) -> tuple:
     """The ``Cluster`` (with ``tokens_per_rank``) and ``CostModel`` the flags describe."""
     if args.tokens_per_rank <= 0:
         raise ValueError(f"--tokens-per-rank must be >= 1, got {args.tokens_per_rank}")
-    cost = _core.preset(args.cost)
+    from dynacp.calibrate.fileformat import apply_links, resolve_cost
+
+    cost, links = resolve_cost(args.cost)
     cluster = _core.Cluster(num_ranks=args.ranks, ranks_per_node=args.ranks_per_node,
                             tokens_per_rank=args.tokens_per_rank)
+    apply_links(cluster, links)
     cluster.validate()
     return cluster, cost
 

@@ -9,7 +9,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch.distributed as dist
@@ -73,12 +73,23 @@ class Planner:
     plan_fn: Optional[Callable[[np.ndarray], dynacp.Plan]] = None
     """Override: a deterministic function of the int64 lengths array returning a Plan (custom schedulers, tests).
     It must be deterministic and identical on every rank; the digest check still applies."""
+    refit_every: int = 0
+    """Refit the cost model online every this many global batches (0, the default: off). The training loop records
+    each microbatch's forward + backward time (``DynamicCPDataIterator.measure`` / ``record``); pool rank 0 refits
+    the compute terms robustly and broadcasts them with its plan digest, and every rank then plans with the same
+    model (``Planner.cost`` is replaced). pp = 1 only in this version. See :mod:`dynacp.calibrate.online` and
+    docs/calibration.md."""
+    refit_options: Optional[Any] = None
+    """:class:`dynacp.calibrate.online.RefitOptions` (window, outlier rejection, bounded change); ``None`` uses the
+    defaults."""
 
     def __post_init__(self) -> None:
         if self.empty_samples not in ("skip", "error"):
             raise ValueError(f"Planner.empty_samples must be 'skip' or 'error', got {self.empty_samples!r}")
         if not self.timeout > 0:
             raise ValueError(f"Planner.timeout must be > 0 seconds, got {self.timeout}")
+        if isinstance(self.refit_every, bool) or not isinstance(self.refit_every, int) or self.refit_every < 0:
+            raise ValueError(f"Planner.refit_every must be an integer >= 0 (0 = off), got {self.refit_every!r}")
 
     def resolved_cluster(self, pool_size: int) -> dynacp.Cluster:
         """The cluster to plan with, checked against the pool size."""

@@ -298,6 +298,12 @@ class DynamicCPDataIterator:
         self.total_skipped_empty = 0
         """Empty samples skipped over all global batches so far (whole pool)."""
         self.steps = 0
+        self._online = _OnlineState()
+        if planner.refit_every > 0 and groups.pp is not None and dist.get_world_size(groups.pp) > 1:
+            # every stage that reads data plans for itself; stages measuring different work would refit different
+            # models and then disagree on the plan digest
+            raise ValueError("Planner.refit_every > 0 needs pipeline parallelism off (pp = 1) in this version: the "
+                             "stages would refit different models; set refit_every = 0 or use pp = 1")
 
     # -- public ------------------------------------------------------------------------------------------------------
 
@@ -314,11 +320,110 @@ class DynamicCPDataIterator:
         """Stop the planning thread (pending plans are discarded)."""
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+    # -- online refit (Planner.refit_every; dynacp.calibrate.online) ---------------------------------------------------
+
+    @property
+    def refits(self) -> list:
+        """Every online refit so far (:class:`dynacp.calibrate.online.RefitResult`), the same on every rank."""
+        return self._online.refits
+
+    @property
+    def step_log(self) -> list[tuple[int, float, float]]:
+        """Per global batch this rank recorded: ``(batch, predicted s, measured s)`` summed over its microbatches,
+        predicted by the model the batch was planned with."""
+        return self._online.step_log
+
+    def record(self, microbatch: dict, seconds: float, batch: Optional[int] = None) -> None:
+        """Record that this rank trained ``microbatch`` (forward + backward) in ``seconds``; ``batch`` defaults to the
+        latest global batch. Used by the online refit (``Planner.refit_every``; with it off nothing is kept); cheap,
+        no communication."""
+        from dynacp.calibrate.online import GroupRecord
+
+        if not (seconds > 0) or seconds != seconds or seconds == float("inf"):
+            raise ValueError(f"record: seconds must be a positive finite number, got {seconds!r}")
+        if self.planner.refit_every <= 0:
+            return  # online refit off: nothing is kept
+        cu = [int(x) for x in microbatch["cu_seqlens"]]
+        rec = GroupRecord(self.steps - 1 if batch is None else int(batch), int(microbatch["slot"]),
+                          tuple(int(r) for r in microbatch["ring"]), tuple(b - a for a, b in zip(cu[:-1], cu[1:])),
+                          float(seconds))
+        self._online.pending.append(rec)
+        self._online.mine.append(rec)
+
+    def measure(self, microbatch: dict) -> _Measure:
+        """``with wrapper.measure(mb): loss = model(mb); loss.backward()`` times the block (CUDA events when the
+        microbatch's tokens are on a GPU, else perf_counter) and records it (see :meth:`record`)."""
+        tokens = microbatch.get("tokens")
+        return _Measure(self, microbatch, bool(tokens is not None and tokens.is_cuda))
+
+    def _log_step(self) -> None:
+        """Log this rank's predicted vs measured time of the latest batch it recorded (pool rank 0 at INFO)."""
+        from dynacp.calibrate.online import predicted_seconds
+
+        st = self._online
+        recs = [r for r in st.mine if r.batch == self.steps - 1]
+        if not recs or not self.reads_data:
+            return
+        cost = st.cost_of.get(self.steps - 1) or self.planner.cost or dynacp.CostModel()
+        pred = float(predicted_seconds(cost, self.planner.resolved_cluster(self.groups.pool_size), recs).sum())
+        meas = float(sum(r.seconds for r in recs))
+        st.step_log.append((self.steps - 1, pred, meas))
+        st.mine = [r for r in st.mine if r.batch >= self.steps - 1]
+        st.cost_of = {b: c for b, c in st.cost_of.items() if b >= self.steps - 1}
+        if self.groups.pool_index == 0:
+            logger.info("dynacp: global batch %d: predicted %.3f ms, measured %.3f ms over this rank's %d microbatches "
+                        "(relative error %+.1f%%)", self.steps - 1, 1e3 * pred, 1e3 * meas, len(recs),
+                        100 * (pred - meas) / meas)
+
+    def _maybe_refit(self) -> None:
+        """Before submitting global batch k: when k is a multiple of ``Planner.refit_every``, gather the records,
+        refit on pool rank 0 and broadcast the model with its last plan digest (collective over the pool)."""
+        from dynacp.calibrate.online import RefitOptions, refit
+
+        every, k, st = self.planner.refit_every, self._next_batch, self._online
+        if every <= 0 or k == 0 or k % every:
+            return
+        g = self.groups
+        gathered = self._pool.gather_objects(st.pending, g.dp_cp, f"the online-refit gather before global batch {k}")
+        st.pending = []
+        payload: Any = None
+        if g.pool_index == 0:
+            try:
+                st.history.extend(r for recs in gathered for r in recs)
+                opts = self.planner.refit_options or RefitOptions()
+                st.history = st.history[-4 * opts.window * g.pool_size:]
+                cluster = self.planner.resolved_cluster(g.pool_size)
+                new, result = refit(self.planner.cost or dynacp.CostModel(), cluster, st.history, opts, k)
+                result.digest = st.last_digest
+                payload = (dict(new.to_dict()), st.last_digest, result)
+            except Exception as exc:  # every rank raises it, not only pool rank 0
+                payload = ("error", failure_cause(exc), None)
+        fields, digest, result = self._pool.broadcast_object(payload, g.pool_ranks[0], g.dp_cp,
+                                                             f"the online-refit broadcast before global batch {k}")
+        if fields == "error":
+            raise RuntimeError(f"dynacp: the online refit before global batch {k} failed on pool rank 0: {digest}")
+        if digest != st.last_digest:
+            raise PlanMismatchError(f"dynacp: online refit before global batch {k}: pool rank 0's last plan digest "
+                                    f"{digest:#018x} differs from this rank's {st.last_digest:#018x}")
+        self.planner.cost = dynacp.CostModel(**fields)
+        st.refits.append(result)
+        if g.pool_index == 0:
+            logger.info("dynacp: online refit before global batch %d on %d groups (%d rejected): %s; median error "
+                        "%.1f%% -> %.1f%%", k, result.samples, result.rejected,
+                        ", ".join(f"{n} = {v:.4e}" for n, v in result.coefficients.items()),
+                        100 * result.error_before, 100 * result.error_after)
+
+    def _submit_next(self) -> Optional[_Pending]:
+        self._maybe_refit()
+        return self._read_and_submit()
+
     def next_global_batch(self) -> Optional[GlobalBatch]:
         """Produce this rank's share of the next global batch (collective over the world); ``None`` when the data
         is exhausted (on every rank)."""
         if self._failed is not None:
             raise self._failed
+        if self.planner.refit_every > 0:
+            self._log_step()
         t0 = time.perf_counter()
         failure: Optional[BaseException] = None
         batch = None
@@ -477,7 +582,7 @@ class DynamicCPDataIterator:
     def _plan_and_route(self) -> Optional[GlobalBatch]:
         if self._exhausted:
             return None
-        pending = self._pending or self._read_and_submit()
+        pending = self._pending or self._submit_next()
         self._pending = None
         if pending is None:
             self._exhausted = True
@@ -488,9 +593,12 @@ class DynamicCPDataIterator:
         if pending.num_sequences:  # the same on every rank: all plan, or all see only empty samples
             timed, route, wait, local = self._plan_locally(pending)
             self._exchange_plan_status(None if timed is None else timed.plan, local, pending.batch)
+            self._online.last_digest = int(timed.plan.digest())
+            if self.planner.refit_every > 0:
+                self._online.cost_of[pending.batch] = self.planner.cost
             micro, stats = self._exchange_samples(route)
         if self.planner.async_planning:
-            self._pending = self._read_and_submit()  # next batch plans while this one trains
+            self._pending = self._submit_next()  # next batch plans while this one trains
             if self._pending is None:
                 self._exhausted = True
         return self._global_batch(pending, timed, micro, stats, wait)
@@ -756,6 +864,37 @@ class DynamicCPDataIterator:
                 mb.update({k: _from_i64(block[f].clone(), dtypes[k]) for f, k in enumerate(FIELDS)})
                 mb["sequence_ids"] = block[len(FIELDS)].clone()
         return out
+
+
+@dataclass
+class _OnlineState:
+    """The online refit's state on one rank (see ``DynamicCPDataIterator._maybe_refit``)."""
+
+    pending: list = field(default_factory=list)       # records not yet sent to pool rank 0
+    mine: list = field(default_factory=list)          # this rank's records of the latest batches (step log)
+    history: list = field(default_factory=list)       # pool rank 0: every rank's records, most recent last
+    refits: list = field(default_factory=list)
+    step_log: list = field(default_factory=list)
+    cost_of: dict = field(default_factory=dict)       # global batch -> the model it was planned with
+    last_digest: int = 0
+
+
+class _Measure:
+    """Context manager of :meth:`DynamicCPDataIterator.measure`."""
+
+    def __init__(self, wrapper: DynamicCPDataIterator, microbatch: dict, cuda: bool):
+        from dynacp.calibrate.online import Timer
+
+        self.wrapper, self.microbatch, self.timer = wrapper, microbatch, Timer(cuda)
+
+    def __enter__(self) -> _Measure:
+        self.timer.start()
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        self.timer.stop()
+        if exc_type is None:
+            self.wrapper.record(self.microbatch, self.timer.seconds())
 
 
 def _codec():

@@ -1,0 +1,38 @@
+"""Measured cost: profile the hardware, fit the cost model, refit it online (docs/calibration.md).
+
+* :func:`profile` (``dynacp calibrate profile``): micro-benchmarks through torch -> a profile file;
+* :func:`fit` (``dynacp calibrate fit``): the whole cost model from a profile -> a cost preset file that
+  ``dynacp.CostModel.load`` and every CLI ``--cost FILE`` read;
+* :func:`import_distca`: the distca H100 CSV profiles as a profile;
+* :mod:`dynacp.calibrate.online`: the training wrapper's online refit;
+* :mod:`dynacp.calibrate.proposed`: a richer model form, measured on the H100 files, NOT yet read by the C++ model.
+
+torch is imported only by :func:`profile` and the online refit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dynacp.calibrate.distca import import_distca
+from dynacp.calibrate.fileformat import (
+    Profile,
+    apply_links,
+    load_cost,
+    load_preset,
+    load_profile,
+    resolve_cost,
+    save_preset,
+    save_profile,
+)
+from dynacp.calibrate.fit import FitResult, TermFit, fit, fit_to_file
+
+__all__ = ["FitResult", "Profile", "TermFit", "apply_links", "fit", "fit_to_file", "import_distca", "load_cost",
+           "load_preset", "load_profile", "profile", "resolve_cost", "save_preset", "save_profile"]
+
+
+def profile(*args: Any, **kwargs: Any) -> Profile:
+    """Run the micro-benchmarks and return the profile (see :func:`dynacp.calibrate.profiler.run_profile`)."""
+    from dynacp.calibrate.profiler import run_profile
+
+    return run_profile(*args, **kwargs)

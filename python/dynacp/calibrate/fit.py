@@ -1,0 +1,369 @@
+"""``dynacp calibrate fit``: the whole cost model from a profile, by least squares on relative error.
+
+The model fitted is the one the C++ solver reads today (docs/cost_model.md)::
+
+    T(G,d) = (eta*a*sum s^2 + b*sum s)/d + c + T_comm - min(eta*a*sum s^2/d, T_comm)
+           = b*sum s/d + c + max(eta*a*sum s^2/d, T_comm)
+    T_comm = (d-1) * (latency + (sum s/d) * kv_bytes_per_token / bandwidth)      (0 when d = 1)
+
+* links (latency, bandwidth per link kind) from the ``p2p`` table: ``t = latency + bytes / bandwidth``;
+* a, b, c from the ``group`` table (whole-step times of whole groups) when it has rows, with the branch of the
+  ``max`` decided by alternating fits (each fit is linear once the branch of every row is fixed); otherwise from the
+  ``attention`` and ``linear`` tables (per layer), scaled by the profile's ``layers * step_factor``;
+* ``kv_bytes_per_token`` by a one-dimensional search over the groups with d > 1 when their times depend on it;
+  else (no ring in the profile, or the exchange always hidden behind attention) from the model's dimensions
+  (``meta.kv_bytes_per_token``), or the base model's value.
+
+The report gives the rms and max relative error per term (each table fitted by its own term of the model form) and
+per length band (by the group's longest sequence), and the whole-group error of the model written out. A poor fit
+(rms over 20 % or max over 50 %) is logged as a WARNING on the ``dynacp`` logger.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from dynacp.calibrate.fileformat import Profile, load_profile, save_preset
+from dynacp.calibrate.lsq import nonneg_relative_lsq, relative_errors
+
+logger = logging.getLogger("dynacp")
+
+#: length bands of the report, by a group's longest sequence (tokens): (label, lo exclusive, hi inclusive)
+BANDS = (("<=256", 0, 256), ("257-1K", 256, 1024), ("1K-4K", 1024, 4096), ("4K-16K", 4096, 16384),
+         ("16K-64K", 16384, 65536), (">64K", 65536, float("inf")))
+POOR_RMS = 0.20
+"""A term whose rms relative error exceeds this is reported as a poor fit (WARNING)."""
+POOR_MAX = 0.50
+"""A term whose max relative error exceeds this is reported as a poor fit (WARNING)."""
+
+
+@dataclass
+class TermFit:
+    """Fit quality of one term (or of the whole-group model) over its samples."""
+
+    term: str
+    """``group`` (whole model on whole-group times), ``attention``, ``linear``, ``link intra-node``, ..."""
+    samples: int
+    rms: float
+    """Root mean square relative error (a fraction)."""
+    max: float
+    """Largest absolute relative error (a fraction)."""
+    bands: list[dict[str, Any]] = field(default_factory=list)
+    """Per length band: ``{"band", "samples", "rms", "max"}`` (only bands with samples)."""
+
+    @property
+    def poor(self) -> bool:
+        return self.rms > POOR_RMS or self.max > POOR_MAX
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit` returns: the model, the measured links and the report."""
+
+    cost: Any
+    """The fitted ``dynacp.CostModel``."""
+    links: dict[str, float]
+    """Measured Cluster link fields (``intra_node_latency`` in s, ``intra_node_bandwidth`` in B/s, ...)."""
+    terms: list[TermFit]
+    notes: list[str] = field(default_factory=list)
+    """How each coefficient was obtained (fitted, from the model dimensions, kept from the base model)."""
+
+    def report_dict(self) -> dict[str, Any]:
+        return {"terms": [t.__dict__ for t in self.terms], "notes": list(self.notes)}
+
+    def format(self) -> str:
+        """The fit report as text (what ``dynacp calibrate fit`` prints)."""
+        c = self.cost
+        lines = [f"cost model '{c.name}': attn_coef a = {c.attn_coef:.4e} s/token^2, linear_coef b = "
+                 f"{c.linear_coef:.4e} s/token, group_overhead c = {c.group_overhead:.4e} s, kv_bytes_per_token = "
+                 f"{c.kv_bytes_per_token:.6g} B"]
+        for k, v in self.links.items():
+            lines.append(f"  {k} = {v:.4e} {'B/s' if 'bandwidth' in k else 's'}")
+        lines.append(f"{'term':<20}{'samples':>8}{'rms rel err':>13}{'max rel err':>13}")
+        for t in self.terms:
+            flag = "  POOR" if t.poor else ""
+            lines.append(f"{t.term:<20}{t.samples:>8}{100 * t.rms:>12.1f}%{100 * t.max:>12.1f}%{flag}")
+            for b in t.bands:
+                lines.append(f"  {b['band']:<18}{b['samples']:>8}{100 * b['rms']:>12.1f}%{100 * b['max']:>12.1f}%")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+# -- pieces -----------------------------------------------------------------------------------------------------------
+
+def _eta(cost: Any, mask: str) -> float:
+    return cost.full_factor if mask == "full" else cost.causal_factor
+
+
+def _term(term: str, pred: np.ndarray, meas: np.ndarray, longest: Optional[np.ndarray]) -> TermFit:
+    """Errors of ``pred`` against ``meas``, overall and per length band of ``longest`` (no bands when None)."""
+    rel = relative_errors(pred, meas)
+    bands = []
+    for label, lo, hi in BANDS if longest is not None else ():
+        sel = (longest > lo) & (longest <= hi)
+        if sel.any():
+            bands.append({"band": label, "samples": int(sel.sum()), "rms": float(np.sqrt(np.mean(rel[sel] ** 2))),
+                          "max": float(np.max(np.abs(rel[sel])))})
+    return TermFit(term, int(rel.size), float(np.sqrt(np.mean(rel ** 2))), float(np.max(np.abs(rel))), bands)
+
+
+def _too_few(term: str, table: str, need: str, got: int, source: str) -> ValueError:
+    return ValueError(f"{source}: too few points to fit the {term} term: table '{table}' needs {need}, got {got}")
+
+
+def fit_links(profile: Profile) -> tuple[dict[str, float], list[TermFit]]:
+    """Latency (s) and bandwidth (B/s) per link kind measured in the ``p2p`` table."""
+    links: dict[str, float] = {}
+    terms = []
+    rows = profile.rows("p2p")
+    for crosses, kind in ((False, "intra_node"), (True, "inter_node")):
+        sel = [r for r in rows if r["crosses_nodes"] == crosses]
+        if not sel:
+            continue
+        sizes = {r["bytes"] for r in sel}
+        if len(sizes) < 2:
+            raise _too_few(f"{kind.replace('_', '-')} link", "p2p", "rows of at least 2 different message sizes",
+                           len(sizes), profile.source)
+        X = np.array([[1.0, r["bytes"]] for r in sel])
+        t = np.array([r["seconds"] for r in sel])
+        lat, inv_bw = nonneg_relative_lsq(X, t)
+        if not inv_bw > 0:
+            raise ValueError(f"{profile.source}: table 'p2p': the {kind} hop times do not grow with the message size; "
+                             "the bandwidth is undefined (measure larger messages)")
+        links[f"{kind}_latency"] = float(lat)
+        links[f"{kind}_bandwidth"] = float(1.0 / inv_bw)
+        terms.append(_term(f"link {kind.replace('_', '-')}", X @ np.array([lat, inv_bw]), t, None))
+    return links, terms
+
+
+@dataclass
+class _Groups:
+    """The group table as arrays."""
+
+    S2: np.ndarray     # sum eta s^2
+    S: np.ndarray      # sum s
+    d: np.ndarray
+    cross: np.ndarray
+    t: np.ndarray
+    longest: np.ndarray
+
+    @classmethod
+    def of(cls, rows: list[dict], cost: Any) -> _Groups:
+        return cls(np.array([_eta(cost, r["mask"]) * sum(float(x) ** 2 for x in r["lengths"]) for r in rows]),
+                   np.array([float(sum(r["lengths"])) for r in rows]), np.array([float(r["degree"]) for r in rows]),
+                   np.array([bool(r["crosses_nodes"]) for r in rows]), np.array([r["seconds"] for r in rows]),
+                   np.array([float(max(r["lengths"])) for r in rows]))
+
+    def comm(self, kvb: float, lat: np.ndarray, bw: np.ndarray) -> np.ndarray:
+        return np.where(self.d > 1, (self.d - 1) * (lat + self.S / self.d * kvb / bw), 0.0)
+
+
+def _solve_branch(g: _Groups, hidden: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """[a, b, c] for a fixed branch per row, by least squares on the log-symmetric relative error
+    ``(p - t)^2 / (p t)`` (relative least squares, then 4 reweightings by t / p): plain relative least squares is
+    biased low under noise (it penalises a prediction above a fast measurement more than one below a slow one)."""
+    X = np.c_[g.S2 / g.d * hidden, g.S / g.d, np.ones_like(g.t)]
+    fixed = [0] if not hidden.any() else []
+    weights = None
+    for _ in range(5):
+        coef = nonneg_relative_lsq(X, g.t, weights=weights, offset=offset, fixed_zero=fixed)
+        weights = g.t / np.maximum(X @ coef + offset, 1e-12 * g.t)
+    return coef
+
+
+def _fit_abc(g: _Groups, comm: np.ndarray) -> tuple[np.ndarray, float]:
+    """(a, b, c) of T = b S/d + c + max(a S2/d, comm) and its error (sum of squared log ratios); the branch of every
+    row is fixed, fitted and re-decided until it no longer changes (at most 50 rounds; deterministic)."""
+    hidden = np.ones(g.t.size, dtype=bool)  # start: every exchange hidden behind attention
+    coef = np.zeros(3)
+    for _ in range(50):
+        coef = _solve_branch(g, hidden, np.where(hidden, 0.0, comm))
+        now = coef[0] * g.S2 / g.d >= comm
+        if np.array_equal(now, hidden):
+            break
+        hidden = now
+    pred = np.maximum(coef[1] * g.S / g.d + coef[2] + np.maximum(coef[0] * g.S2 / g.d, comm), 1e-12 * g.t)
+    return coef, float(np.sum(np.log(pred / g.t) ** 2))
+
+
+def _link_arrays(g: _Groups, links: dict[str, float], cluster: Any) -> tuple[np.ndarray, np.ndarray]:
+    def get(k: str) -> float:
+        return links.get(k, getattr(cluster, k))
+
+    lat = np.where(g.cross, get("inter_node_latency"), get("intra_node_latency"))
+    bw = np.where(g.cross, get("inter_node_bandwidth"), get("intra_node_bandwidth"))
+    return lat, bw
+
+
+def fit_causal_factor(rows: list[dict], base: Any, comm_of: Any) -> tuple[float, bool]:
+    """The causal mask factor eta (relative to full_factor) that fits the groups best, on a grid of 0.25 to 1.5 in
+    steps of 0.05, when the groups hold both masks; else ``base.causal_factor``. Returns (eta, fitted)."""
+    if len({r["mask"] for r in rows}) < 2:
+        return float(base.causal_factor), False
+    best = (float("inf"), float(base.causal_factor))
+    trial = base.__class__(**dict(base.to_dict()))
+    for eta in np.round(np.arange(0.25, 1.5001, 0.05), 2):
+        trial.causal_factor = float(eta)
+        g = _Groups.of(rows, trial)
+        err = _fit_abc(g, comm_of(g))[1]
+        if err < best[0] - 1e-12:
+            best = (err, float(eta))
+    return best[1], True
+
+
+def _search_kvb(g: _Groups, lat: np.ndarray, bw: np.ndarray, kv_default: float
+                ) -> tuple[np.ndarray, float, bool]:
+    """(a, b, c), kv_bytes_per_token and whether it was fitted: a grid over 1 B to 1 GB, refined by golden section
+    in log(kv_bytes_per_token); the default is kept unless the fit improves by more than 1 %."""
+    def at(kvb: float) -> tuple[np.ndarray, float]:
+        return _fit_abc(g, g.comm(kvb, lat, bw))
+
+    coef, err = at(kv_default)
+    grid = np.geomspace(1.0, 1e9, 91)  # the max of two branches is not smooth: search, do not differentiate
+    i = int(np.argmin([at(float(kvb))[1] for kvb in grid]))
+    lo, hi = np.log(grid[max(i - 1, 0)]), np.log(grid[min(i + 1, grid.size - 1)])
+    phi = (np.sqrt(5) - 1) / 2
+    for _ in range(80):
+        m1, m2 = hi - phi * (hi - lo), lo + phi * (hi - lo)
+        if at(float(np.exp(m1)))[1] <= at(float(np.exp(m2)))[1]:
+            hi = m2
+        else:
+            lo = m1
+    kvb = float(np.exp((lo + hi) / 2))
+    c, e = at(kvb)
+    if e >= err * 0.99 or e >= err - 1e-12:  # the groups barely depend on it (exchange hidden): keep the default
+        return coef, kv_default, False
+    return c, kvb, True
+
+
+def _fit_groups(profile: Profile, base: Any, links: dict[str, float], cluster: Any,
+                kv_default: float) -> tuple[np.ndarray, float, str]:
+    """(a, b, c), kv_bytes_per_token and a note on where the mask factor and kv_bytes_per_token came from; sets
+    ``base.causal_factor`` when the groups hold both masks. The mask factor and kv_bytes_per_token are searched in
+    turn, twice (each search fits a, b, c at every point it tries)."""
+    rows = profile.rows("group")
+    if len(rows) < 3 or len({(r["degree"], sum(r["lengths"])) for r in rows}) < 3:
+        raise _too_few("compute (a, b, c)", "group", "at least 3 rows of different degree or tokens", len(rows),
+                       profile.source)
+    lat, bw = _link_arrays(_Groups.of(rows, base), links, cluster)
+    ring = any(r["degree"] > 1 for r in rows)
+    kvb, kv_fitted, eta_fitted = kv_default, False, False
+    for _ in range(2 if ring else 1):
+        base.causal_factor, eta_fitted = fit_causal_factor(rows, base, lambda g, kv=kvb: g.comm(kv, lat, bw))
+        g = _Groups.of(rows, base)
+        coef = _fit_abc(g, g.comm(kvb, lat, bw))[0]
+        if ring:
+            coef, kvb, kv_fitted = _search_kvb(g, lat, bw, kv_default)
+    note = f"causal_factor {base.causal_factor:g} fitted on groups of both masks; " if eta_fitted else ""
+    if not ring:
+        note += "kv_bytes_per_token from the model dimensions (no group with degree > 1)"
+    elif not kv_fitted:
+        note += ("kv_bytes_per_token from the model dimensions (the measured groups' times do not identify it: the "
+                 "exchange is hidden or negligible)")
+    else:
+        note += "kv_bytes_per_token fitted on the groups with degree > 1"
+    return coef, kvb, note
+
+
+def _fit_components(profile: Profile, base: Any) -> tuple[np.ndarray, list[TermFit]]:
+    """(a, b, c) of a whole step from the per-layer attention and linear tables."""
+    att, lin = profile.rows("attention"), profile.rows("linear")
+    if len(att) < 3 or len({(sum(r["lengths"]), r["degree"]) for r in att}) < 3:
+        raise _too_few("attention", "attention", "at least 3 rows of different lengths or degrees", len(att),
+                       profile.source)
+    Xa = np.array([[_eta(base, r["mask"]) * sum(float(x) ** 2 for x in r["lengths"]) / r["degree"],
+                    sum(r["lengths"]) / r["degree"], 1.0] for r in att])
+    ta = np.array([r["seconds"] for r in att])
+    ca = nonneg_relative_lsq(Xa, ta)
+    terms = [_term("attention", Xa @ ca, ta, np.array([float(max(r["lengths"])) for r in att]))]
+    cl = np.zeros(3)
+    if lin:
+        if len({r["tokens"] for r in lin}) < 2:
+            raise _too_few("linear", "linear", "rows of at least 2 different token counts", len(lin), profile.source)
+        Xl = np.array([[0.0, float(r["tokens"]), 1.0] for r in lin])
+        tl = np.array([r["seconds"] for r in lin])
+        cl = nonneg_relative_lsq(Xl, tl)
+        terms.append(_term("linear", Xl @ cl, tl, np.array([float(r["tokens"]) for r in lin])))
+    return (ca + cl) * profile.layer_passes, terms
+
+
+def fit(profile: Union[Profile, str, Path], base: Any = None, *, name: str = "calibrated",
+        cluster: Any = None) -> FitResult:
+    """Fit the cost model (and the links) to a profile; see the module docstring.
+
+    Args:
+        profile: a :class:`~dynacp.calibrate.fileformat.Profile` or the path of a profile file.
+        base: the CostModel whose other fields (mask factors, memory) are kept (default ``dynacp.CostModel()``).
+        name: the fitted model's ``name``.
+        cluster: where link values not in the profile come from (default ``dynacp.Cluster()``'s defaults).
+
+    Raises ValueError (naming the file and table) when a table has too few points to fit its term.
+    """
+    from dynacp import _core
+
+    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    base = _core.CostModel(**dict(base.to_dict())) if base is not None else _core.CostModel()
+    cluster = cluster if cluster is not None else _core.Cluster()
+    links, terms = fit_links(prof)
+    kv_default = float(prof.meta.get("kv_bytes_per_token", base.kv_bytes_per_token))
+    notes = []
+    if prof.rows("group"):
+        abc, kvb, note = _fit_groups(prof, base, links, cluster, kv_default)
+        if prof.rows("attention"):
+            terms += _fit_components(prof, base)[1]
+    else:
+        abc, comp_terms = _fit_components(prof, base)
+        terms += comp_terms
+        kvb, note = kv_default, "kv_bytes_per_token from the model dimensions (the profile has no group table)"
+    notes.append(note)
+    if not links:
+        notes.append("links: the profile has no p2p table; the Cluster's link fields are not changed")
+    cost = _core.CostModel(**{k: v for k, v in dict(base.to_dict()).items()})
+    cost.attn_coef, cost.linear_coef, cost.group_overhead = (float(x) for x in abc)
+    cost.kv_bytes_per_token = kvb
+    cost.name = name
+    result = FitResult(cost, links, terms, notes)
+    if prof.rows("group"):
+        result.terms.insert(0, group_error(prof, cost, links, cluster))
+    cost.source = (f"dynacp calibrate fit of {prof.source} ({prof.meta.get('device', '?')}, "
+                   f"{prof.meta.get('dtype', '?')}): " + ", ".join(f"{t.term} rms {100 * t.rms:.1f}% max "
+                                                               f"{100 * t.max:.1f}%" for t in result.terms))
+    for t in result.terms:
+        if t.poor:
+            logger.warning("dynacp calibrate fit: poor fit of the %s term on %s: rms relative error %.1f%%, max "
+                           "%.1f%% over %d samples (limits %.0f%% / %.0f%%); check the profile's noise (spread) "
+                           "and whether the hardware follows the model form (docs/calibration.md)", t.term,
+                           prof.source, 100 * t.rms, 100 * t.max, t.samples, 100 * POOR_RMS, 100 * POOR_MAX)
+    return result
+
+
+def group_error(profile: Profile, cost: Any, links: dict[str, float], cluster: Any = None) -> TermFit:
+    """Whole-group relative error of ``cost`` (through the C++ ``CostModel.time``) on the profile's group table."""
+    from dynacp import _core
+    from dynacp.calibrate.fileformat import apply_links
+
+    rows = profile.rows("group")
+    dmax = max(r["degree"] for r in rows)
+    cl = _core.Cluster(num_ranks=dmax, ranks_per_node=dmax)
+    if cluster is not None:
+        for k in ("intra_node_latency", "intra_node_bandwidth", "inter_node_latency", "inter_node_bandwidth"):
+            setattr(cl, k, getattr(cluster, k))
+    apply_links(cl, links)
+    mask = {"causal": _core.Mask.CAUSAL, "full": _core.Mask.FULL}
+    pred = np.array([cost.time(r["lengths"], r["degree"], cl, mask[r["mask"]], r["crosses_nodes"]) for r in rows])
+    return _term("group", pred, np.array([r["seconds"] for r in rows]),
+                 np.array([float(max(r["lengths"])) for r in rows]))
+
+
+def fit_to_file(profile: Union[Profile, str, Path], out: Union[str, Path], base: Any = None,
+                name: str = "calibrated") -> FitResult:
+    """:func:`fit`, then write the preset file ``out`` (read by ``dynacp.CostModel.load`` and ``--cost FILE``)."""
+    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    result = fit(prof, base, name=name)
+    save_preset(out, result.cost, result.links, result.report_dict(), prof.meta)
+    return result

@@ -1,0 +1,315 @@
+"""dynacp.calibrate (issue 20): file formats and their errors, the whole-group fit, the distca import, the online
+refit's robust core, the preset through CostModel.load and the CLI, and the proposed model form's cross-validation.
+The multi-process tests (online refit in the wrapper, the profiler) are in test_calibrate_gloo.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dynacp
+from dynacp import calibrate
+from dynacp.calibrate.fileformat import COLUMNS, PRESET_VERSION, Profile, save_preset
+from dynacp.calibrate.online import GroupRecord, RefitOptions, merge_records, refit
+from dynacp.cli import main
+
+PROFILES = Path(__file__).resolve().parents[3] / "shared" / "data" / "profiles"
+if not PROFILES.is_dir():
+    PROFILES = Path("/work/shared/data/profiles")
+needs_profiles = pytest.mark.skipif(not (PROFILES / "h100_compute-attn-H100.csv").is_file(),
+                                    reason="shared/data/profiles not present")
+
+TRUE = {"attn_coef": 3.0e-9, "linear_coef": 2.0e-5, "group_overhead": 4.0e-3, "kv_bytes_per_token": 2.0e5}
+LINKS = {"intra_node_latency": 2.0e-5, "intra_node_bandwidth": 5.0e9}
+
+
+def synthetic_profile(true: dict = TRUE, links: dict = LINKS, noise: float = 0.0, seed: int = 0) -> Profile:
+    """A profile whose group times follow the current C++ form exactly (times ``exp(noise * N(0,1))``, P2P times a
+    tenth of that noise), with the
+    exchange exposed on some groups (long packs of short documents on many ranks)."""
+    rng = np.random.default_rng(seed)
+    cost = dynacp.CostModel(**true)
+    cluster = dynacp.Cluster(num_ranks=8, ranks_per_node=8, **links)
+    groups = []
+    for d in (1, 2, 4, 8):
+        for lengths in ([512], [2048], [8192], [16384], [256] * 16, [128] * 64, [4096, 1024, 64]):
+            for mask in ("causal", "full"):
+                t = cost.time(lengths, d, cluster, dynacp.Mask.FULL if mask == "full" else dynacp.Mask.CAUSAL, False)
+                groups.append({"lengths": lengths, "degree": d, "mask": mask, "crosses_nodes": False,
+                               "seconds": t * float(np.exp(noise * rng.standard_normal())), "spread": 0.0})
+    p2p = [{"group_size": 2, "crosses_nodes": False, "bytes": float(b),
+            "seconds": (links["intra_node_latency"] + b / links["intra_node_bandwidth"]) * (1 + 0.1 * noise *
+                                                                                          rng.standard_normal()),
+            "spread": 0.0} for b in (1e3, 1e5, 1e7)]
+    return Profile(meta={"device": "synthetic", "layers": 1, "kv_bytes_per_token": 1.0},
+                   tables={"group": groups, "p2p": p2p}, source="synthetic")
+
+
+# -- the fit -----------------------------------------------------------------------------------------------------------
+
+def test_fit_recovers_the_current_form_exactly():
+    result = calibrate.fit(synthetic_profile())
+    c = result.cost
+    for k in ("attn_coef", "linear_coef", "group_overhead"):
+        assert getattr(c, k) == pytest.approx(TRUE[k], rel=1e-6), k
+    assert result.links["intra_node_latency"] == pytest.approx(LINKS["intra_node_latency"], rel=1e-6)
+    assert result.links["intra_node_bandwidth"] == pytest.approx(LINKS["intra_node_bandwidth"], rel=1e-6)
+    assert c.kv_bytes_per_token == pytest.approx(TRUE["kv_bytes_per_token"], rel=1e-6)
+    assert c.causal_factor == 0.5
+    group = result.terms[0]
+    assert group.term == "group" and group.max < 0.1
+
+
+def test_fit_reports_per_band_and_warns_when_poor(caplog):
+    result = calibrate.fit(synthetic_profile(noise=0.0))
+    assert {b["band"] for b in result.terms[0].bands} == {"<=256", "257-1K", "1K-4K", "4K-16K"}
+    with caplog.at_level(logging.WARNING, logger="dynacp"):
+        noisy = calibrate.fit(synthetic_profile(noise=0.6, seed=3))
+    assert any(t.poor for t in noisy.terms)
+    assert "poor fit" in caplog.text and "synthetic" in caplog.text
+    assert "POOR" in noisy.format()
+
+
+def test_fit_to_file_round_trips_through_costmodel_load_and_the_cli(tmp_path):
+    prof = synthetic_profile()
+    calibrate.save_profile(prof, tmp_path / "p.json")
+    out = tmp_path / "preset.json"
+    result = calibrate.fit_to_file(str(tmp_path / "p.json"), str(out), name="synthetic-fit")
+    loaded = dynacp.CostModel.load(out)
+    assert loaded.to_dict() == result.cost.to_dict()
+    cost, links = calibrate.load_preset(out)
+    assert links == result.links
+    assert main(["plan", "--cost", str(out), "--gbs", "16", "--ranks", "8", "--out", str(tmp_path / "plan.json")]) == 0
+    assert json.loads((tmp_path / "plan.json").read_text())["settings"]["cost_preset"] == str(out)
+    assert main(["calibrate", "fit", str(tmp_path / "p.json"), "--out", str(tmp_path / "again.json")]) == 0
+    assert dynacp.CostModel.load(tmp_path / "again.json").attn_coef == pytest.approx(result.cost.attn_coef)
+
+
+def test_the_cluster_gets_the_presets_links(tmp_path):
+    from argparse import Namespace
+
+    from dynacp.commands.common import cluster_and_cost
+
+    out = tmp_path / "preset.json"
+    save_preset(out, dynacp.CostModel(), {"intra_node_bandwidth": 1.5e9, "intra_node_latency": 3e-4})
+    cluster, _ = cluster_and_cost(Namespace(cost=str(out), ranks=8, ranks_per_node=8, tokens_per_rank=4096))
+    assert cluster.intra_node_bandwidth == 1.5e9 and cluster.intra_node_latency == 3e-4
+
+
+# -- bad input -----------------------------------------------------------------------------------------------------------
+
+def _write_profile(tmp_path: Path, mutate) -> Path:
+    data = synthetic_profile().to_json()
+    mutate(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_profile_missing_column_names_file_table_and_column(tmp_path):
+    def drop(data):
+        tab = data["tables"]["group"]
+        i = tab["columns"].index("seconds")
+        tab["columns"].pop(i)
+        for r in tab["rows"]:
+            r.pop(i)
+    path = _write_profile(tmp_path, drop)
+    with pytest.raises(ValueError, match=r"bad\.json: table 'group': missing column\(s\) \['seconds'\]"):
+        calibrate.load_profile(path)
+
+
+@pytest.mark.parametrize("value,what", [(-0.5, "> 0"), (float("nan"), "not a finite number"),
+                                        (0.0, "> 0"), ("fast", "expected a number")])
+def test_profile_bad_time_names_the_row(tmp_path, value, what):
+    def spoil(data):
+        data["tables"]["group"]["rows"][3][data["tables"]["group"]["columns"].index("seconds")] = value
+    path = _write_profile(tmp_path, spoil)
+    with pytest.raises(ValueError, match=rf"bad\.json: table 'group', row 3, column 'seconds'.*{what}"):
+        calibrate.load_profile(path)
+
+
+def test_profile_of_another_version_or_format(tmp_path):
+    path = _write_profile(tmp_path, lambda d: d.update(version=99))
+    with pytest.raises(ValueError, match=r"bad\.json: field 'version' is 99"):
+        calibrate.load_profile(path)
+    path.write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(ValueError, match="field 'format'"):
+        calibrate.load_profile(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=r"bad\.json: not valid JSON \(line 1"):
+        calibrate.load_profile(path)
+
+
+def test_preset_of_another_version_and_bad_fields(tmp_path):
+    path = tmp_path / "preset.json"
+    save_preset(path, dynacp.CostModel())
+    data = json.loads(path.read_text())
+    data["version"] = PRESET_VERSION + 1
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=rf"preset\.json: field 'version' is {PRESET_VERSION + 1}"):
+        dynacp.CostModel.load(path)
+    data["version"] = PRESET_VERSION
+    data["cost"]["attn_coef"] = -1.0
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"preset\.json: .*attn_coef"):
+        dynacp.CostModel.load(path)
+    data["cost"]["attn_coef"] = 1e-9
+    data["cost"]["attn_coeff"] = 1e-9
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"field 'cost\.attn_coeff' is not a CostModel field"):
+        dynacp.CostModel.load(path)
+    assert main(["compare", "--cost", str(path), "--batches", "1", "--gbs", "8"]) == 2
+
+
+def test_too_few_points_to_fit_a_term():
+    prof = synthetic_profile()
+    few = Profile(meta=prof.meta, tables={"group": prof.tables["group"][:2]}, source="few.json")
+    with pytest.raises(ValueError, match=r"few\.json: too few points to fit the compute \(a, b, c\) term: table "
+                       r"'group' needs at least 3 rows"):
+        calibrate.fit(few)
+    one_size = Profile(meta=prof.meta, tables={"group": prof.tables["group"], "p2p": prof.tables["p2p"][:1]},
+                       source="p2p.json")
+    with pytest.raises(ValueError, match=r"p2p\.json: too few points to fit the intra-node link term"):
+        calibrate.fit(one_size)
+    att = Profile(tables={"attention": [{"lengths": [64], "degree": 1, "mask": "causal", "seconds": 1e-3,
+                                         "spread": 0}]}, source="att.json")
+    with pytest.raises(ValueError, match=r"att\.json: too few points to fit the attention term"):
+        calibrate.fit(att)
+
+
+def test_columns_are_documented():
+    doc = calibrate.fileformat.__doc__
+    for table, cols in COLUMNS.items():
+        assert f"``{table}``" in doc
+        for c in cols:
+            assert f"``{c}``" in doc, (table, c)
+
+
+# -- distca --------------------------------------------------------------------------------------------------------------
+
+@needs_profiles
+def test_distca_import_and_fit_reproduce_todays_attention_error():
+    prof = calibrate.import_distca(PROFILES)
+    assert len(prof.tables["attention"]) == 44 and prof.meta["step_factor"] == 3.0
+    result = calibrate.fit(prof)
+    att = next(t for t in result.terms if t.term == "attention")
+    assert att.max == pytest.approx(0.409, abs=0.005)   # the 41 % of the issue: the current form's limit
+    assert result.links["intra_node_bandwidth"] > 1e10
+
+
+@needs_profiles
+def test_distca_csv_errors_name_file_line_and_column(tmp_path):
+    src = (PROFILES / "h100_compute-attn-H100.csv").read_text().splitlines()
+    bad = tmp_path / "h100_compute-attn-H100.csv"
+    bad.write_text("\n".join([src[0].replace("duration_per_doc", "dur")] + src[1:]) + "\n")
+    with pytest.raises(ValueError, match=r"attn-H100\.csv: line 1 \(header\): missing column\(s\) "
+                       r"\['duration_per_doc'\]"):
+        calibrate.import_distca(tmp_path)
+    rows = list(src)
+    rows[5] = "256,1,1,-0.5"
+    bad.write_text("\n".join(rows) + "\n")
+    with pytest.raises(ValueError, match=r"line 6, column 'duration_per_doc': '-0.5' must be a finite number >= 0"):
+        calibrate.import_distca(tmp_path)
+    rows[5] = "256,1,1,nan"
+    bad.write_text("\n".join(rows) + "\n")
+    with pytest.raises(ValueError, match=r"line 6, column 'duration_per_doc'"):
+        calibrate.import_distca(tmp_path)
+    shutil.copy(PROFILES / "h100_compute-attn-H100.csv", bad)
+    assert calibrate.import_distca(tmp_path).tables.keys() == {"attention"}
+
+
+# -- proposed model form (prototype, not read by the C++ model) ------------------------------------------------------------
+
+@needs_profiles
+def test_proposed_form_cross_validates_within_the_target():
+    from dynacp.calibrate.distca import import_attention
+    from dynacp.calibrate.proposed import cross_validate, fit_proposed
+
+    rows = import_attention(PROFILES / "h100_compute-attn-H100.csv", tp=1)
+    s = np.array([r["lengths"][0] for r in rows], dtype=float)
+    d = np.array([r["degree"] for r in rows], dtype=float)
+    t = np.array([r["seconds"] for r in rows])
+    cv = cross_validate(s, d, t)
+    assert cv["current"].max > 0.40                       # today
+    assert cv["proposed"].median <= 0.05 and cv["proposed"].max <= 0.15
+    model = fit_proposed(s, d, t)
+    # monotone in the document length at every measured degree (the bound needs it)
+    for deg in (1, 2, 4, 8):
+        grid = np.geomspace(32, 131072, 60)
+        times = [model.time(x, deg) for x in grid]
+        assert all(b >= a * (1 - 1e-12) for a, b in zip(times, times[1:])), deg
+
+
+# -- online refit core -----------------------------------------------------------------------------------------------------
+
+def _records(cost: dynacp.CostModel, n: int = 40, seed: int = 0, outliers: int = 0) -> list[GroupRecord]:
+    rng = np.random.default_rng(seed)
+    cluster = dynacp.Cluster(num_ranks=8, ranks_per_node=8)
+    out = []
+    for i in range(n):
+        d = int(rng.choice([1, 2, 4, 8]))
+        lengths = tuple(int(x) for x in rng.integers(64, 8192, size=int(rng.integers(1, 4))))
+        t = cost.time(list(lengths), d, cluster)
+        if i < outliers:
+            t *= 5.0
+        ring = tuple(range(d))
+        for member in ring:  # every member records; the slowest counts
+            out.append(GroupRecord(i, 0, ring, lengths, t * (1 - 0.01 * member)))
+    return out
+
+
+def test_refit_is_bounded_robust_and_deterministic():
+    true = dynacp.CostModel(attn_coef=2e-9, linear_coef=1e-5, group_overhead=3e-3)
+    start = dynacp.CostModel(attn_coef=2e-10, linear_coef=1e-5, group_overhead=3e-3)
+    cluster = dynacp.Cluster(num_ranks=8, ranks_per_node=8)
+    recs = _records(true, outliers=3)
+    assert len(merge_records(recs)) == 40
+    opts = RefitOptions(max_change=1.0)
+    new, res = refit(start, cluster, recs, opts)
+    assert new.attn_coef == pytest.approx(4e-10)          # bounded: at most doubled per refit
+    assert res.rejected >= 3                              # the 5x outliers
+    again, res2 = refit(start, cluster, list(reversed(recs)), opts)
+    assert again.to_dict() == new.to_dict() and res2 == res   # order of arrival does not matter
+    cost = start
+    for _ in range(6):
+        cost, _ = refit(cost, cluster, recs, opts)
+    for k in ("attn_coef", "linear_coef", "group_overhead"):
+        assert getattr(cost, k) == pytest.approx(getattr(true, k), rel=0.02), k
+    same, res3 = refit(start, cluster, recs[:10], RefitOptions(min_samples=8))
+    assert not res3.changed and same is start
+
+
+def test_refit_options_and_record_checks():
+    with pytest.raises(ValueError, match="max_change"):
+        RefitOptions(max_change=0)
+    with pytest.raises(ValueError, match="window"):
+        RefitOptions(window=2)
+    assert math.isnan(refit(dynacp.CostModel(), dynacp.Cluster(), [], RefitOptions())[1].error_before)
+
+
+def test_user_linear_callable_is_timed_per_token_count():
+    from dynacp.calibrate.profiler import ProfileConfig, _user_linear
+
+    seen = []
+    rows = _user_linear(lambda n: seen.append(n), [64, 128], ProfileConfig(warmup=1, repeats=3))
+    assert seen == [64] * 4 + [128] * 4
+    assert [r["tokens"] for r in rows] == [64, 128] and all(r["seconds"] >= 0 for r in rows)
+
+
+def test_pack_shapes_and_jobs():
+    from dynacp.calibrate.profiler import ProfileConfig, pack_shapes, profile_jobs
+
+    cfg = ProfileConfig(world_size=2, pack_docs=(1, 4))
+    packs = pack_shapes(cfg, 512)
+    assert [sum(p) for p in packs if len(p) == 1] == [64, 91, 128, 181, 256, 362, 512]
+    assert [p for p in packs if len(p) == 4] == [[64] * 4, [90] * 4, [128] * 4]
+    jobs = profile_jobs(cfg, 512, 1 << 20)
+    assert {j.kind for j in jobs} == {"linear", "attention", "p2p", "group"}
+    assert {j.degree for j in jobs if j.kind == "group"} == {1, 2}
+    assert all(j.mask == "causal" for j in jobs if j.kind in ("attention", "group") and len(j.lengths) > 1)
