@@ -13,7 +13,10 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <queue>
+#include <set>
+#include <tuple>
 
 #include "builder.hpp"
 
@@ -257,39 +260,71 @@ struct PipelinedBuild {
     for (auto& g : ring_groups) g.round = slot_of[static_cast<std::size_t>(g.round)];
   }
 
+  // The lightest sequence of every bin with two or more, as (work, rank, bin, position): the set's first entry is
+  // the one a scan of all ranks, bins and positions in order (strict <) would find. Built on the first grow().
+  using Light = std::tuple<double, int, std::size_t, std::size_t>;
+  std::set<Light> lights;
+  std::vector<std::vector<std::optional<Light>>> light_of;  // per rank, per bin: its entry in `lights`
+  bool indexed = false;
+
+  void index_bin(int o, std::size_t j) {
+    auto& e = light_of[static_cast<std::size_t>(o)][j];
+    if (e) lights.erase(*e);
+    e.reset();
+    const Bin& x = bins[static_cast<std::size_t>(o)][j];
+    if (x.seqs.size() < 2) return;
+    std::size_t best = 0;
+    for (std::size_t k = 1; k < x.seqs.size(); ++k)
+      if (b.seqs_[x.seqs[k]].work < b.seqs_[x.seqs[best]].work) best = k;
+    e = Light{b.seqs_[x.seqs[best]].work, o, j, best};
+    lights.insert(*e);
+  }
+
+  void index_all() {
+    light_of.assign(static_cast<std::size_t>(P), {});
+    for (int o = 0; o < P; ++o) {
+      light_of[static_cast<std::size_t>(o)].resize(bins[static_cast<std::size_t>(o)].size());
+      for (std::size_t j = 0; j < bins[static_cast<std::size_t>(o)].size(); ++j) index_bin(o, j);
+    }
+    indexed = true;
+  }
+
   // One more own microbatch for rank r: split off the lightest sequence of a multi-sequence microbatch (this rank's
   // own, else anyone's), else take the lightest microbatch of the rank with the most to spare; false if none can.
   bool grow(int r, const std::vector<int>& need) {
-    auto& rb = bins[static_cast<std::size_t>(r)];
-    int from = -1;
-    std::size_t fb = 0, fk = 0;
-    for (int pass = 0; pass < 2 && from < 0; ++pass)
-      for (int o = pass ? 0 : r; o < (pass ? P : r + 1); ++o)
-        for (std::size_t j = 0; j < bins[static_cast<std::size_t>(o)].size(); ++j) {
-          const Bin& x = bins[static_cast<std::size_t>(o)][j];
-          if (x.seqs.size() < 2) continue;
-          for (std::size_t k = 0; k < x.seqs.size(); ++k)
-            if (from < 0 || b.seqs_[x.seqs[k]].work < b.seqs_[bins[static_cast<std::size_t>(from)][fb].seqs[fk]].work)
-              from = o, fb = j, fk = k;
-        }
-    if (from >= 0) {
+    if (!indexed) index_all();
+    const auto u = static_cast<std::size_t>(r);
+    auto& rb = bins[u];
+    std::optional<Light> pick;  // this rank's own lightest first, else anyone's
+    for (const auto& e : light_of[u])
+      if (e && (!pick || *e < *pick)) pick = e;
+    if (!pick && !lights.empty()) pick = *lights.begin();
+    if (pick) {
+      const auto [w, from, fb, fk] = *pick;
       Bin fresh;
       b.move_item(bins[static_cast<std::size_t>(from)][fb], fk, fresh);
+      index_bin(from, fb);
       rb.push_back(std::move(fresh));
+      light_of[u].emplace_back();
       return true;
     }
     int donor = -1, most = 1;
     for (int o = 0; o < P; ++o) {
-      const auto u = static_cast<std::size_t>(o);
-      const int spare = static_cast<int>(bins[u].size()) - std::max(need[u], 0);
+      const auto v = static_cast<std::size_t>(o);
+      const int spare = static_cast<int>(bins[v].size()) - std::max(need[v], 0);
       if (o != r && spare > most) donor = o, most = spare;
     }
     if (donor < 0) return false;
     auto& db = bins[static_cast<std::size_t>(donor)];
     const auto light =
         std::min_element(db.begin(), db.end(), [](const Bin& x, const Bin& y) { return x.work < y.work; });
+    // no bin anywhere holds two sequences (else the split above), so no entry of `lights` moves with these bins
+    light_of[static_cast<std::size_t>(donor)].erase(light_of[static_cast<std::size_t>(donor)].begin() +
+                                                    (light - db.begin()));
     rb.push_back(std::move(*light));
     db.erase(light);
+    light_of[u].emplace_back();
+    index_bin(r, rb.size() - 1);
     return true;
   }
 

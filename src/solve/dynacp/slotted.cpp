@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <queue>
+#include <set>
 
 #include "builder.hpp"
 #include "dynacp/model/error.hpp"
@@ -67,18 +68,20 @@ std::vector<std::size_t> Builder::build_slot(const std::vector<std::size_t>& sub
     add_to(b, i);
     heap.push({b.work, r});
   }
-  // empty ranks take half of the heaviest group that has two or more sequences
-  for (int e = 0; e < P; ++e) {
+  // empty ranks take half of the heaviest group that has two or more sequences (ties: the lowest rank)
+  std::set<std::pair<double, int>> heavy;  // (-work, rank) of the groups with two or more sequences
+  auto enter = [&](int r) {
+    if (bins[static_cast<std::size_t>(r)].seqs.size() >= 2) heavy.insert({-bins[static_cast<std::size_t>(r)].work, r});
+  };
+  for (int r = 0; r < P; ++r) enter(r);
+  for (int e = 0; e < P && !heavy.empty(); ++e) {
     if (busy[static_cast<std::size_t>(e)] == kInf || !bins[static_cast<std::size_t>(e)].seqs.empty()) continue;
-    int heavy = -1;
-    for (int r = 0; r < P; ++r)
-      if (bins[static_cast<std::size_t>(r)].seqs.size() >= 2 &&
-          (heavy < 0 || bins[static_cast<std::size_t>(r)].work > bins[static_cast<std::size_t>(heavy)].work))
-        heavy = r;
-    if (heavy < 0) break;
-    auto [a, b] = halve(bins[static_cast<std::size_t>(heavy)]);
-    bins[static_cast<std::size_t>(heavy)] = std::move(a);
+    const int h = heavy.begin()->second;
+    heavy.erase(heavy.begin());
+    auto [a, b] = halve(bins[static_cast<std::size_t>(h)]);
+    bins[static_cast<std::size_t>(h)] = std::move(a);
     bins[static_cast<std::size_t>(e)] = std::move(b);
+    enter(h), enter(e);
   }
   for (auto& g : groups) tl.add(std::move(g.first), std::move(g.second));
   for (int r = 0; r < P; ++r)
