@@ -27,8 +27,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
-import dynacp  # noqa: E402
 from plan_digests import bench_cases, fuzz_cases  # noqa: E402
+
+import dynacp  # noqa: E402
 
 
 def margin_of(case, threads: int) -> Tuple[str, float, float]:

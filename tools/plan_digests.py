@@ -23,8 +23,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import dynacp  # noqa: E402
 from bench import workloads  # noqa: E402
+
+import dynacp  # noqa: E402
 
 
 def bench_cases(batches: int):

@@ -24,9 +24,9 @@ from dynacp._core import (  # noqa: E402
     Plan,
     PlanOptions,
     Predicted,
+    dynacp_families,
     preset,
     preset_names,
-    dynacp_families,
     strategy_names,
 )
 from dynacp.api import lower_bound, plan, predict  # noqa: E402
