@@ -167,6 +167,7 @@ void bind_solve(py::module_& m) {
       .add("shelf_stride_ranks", &DynacpTuning::shelf_stride_ranks, "shelves: degrees step by P / this")
       .add("unit_giants", &DynacpTuning::unit_giants, "units: the most giants on blocks of their own")
       .add("reorder_budget", &DynacpTuning::reorder_budget, "slot-order polish: simulations per plan")
+      .add("polish_plans", &DynacpTuning::polish_plans, "slot-order polish: at most this many plans (0 = all)")
       .add("polish_within", &DynacpTuning::polish_within, "slot-order polish: pooled plans within this x the best")
       .add("skip_families", &DynacpTuning::skip_families, "families left out (names from dynacp_families())")
       .done();

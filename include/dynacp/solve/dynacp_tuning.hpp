@@ -82,6 +82,8 @@ struct DynacpTuning {
   /// the best pooled plan's score (the others rarely overtake it).
   int reorder_budget = 96;
   double polish_within = 1.05;
+  /// ... and at most this many of them, the best by score (ties: registry order); 0 = no cap.
+  int polish_plans = 8;
 
   /// Families (names from dynacp_families()) left out of the search, for experiments.
   std::vector<std::string> skip_families;

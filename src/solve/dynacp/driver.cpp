@@ -7,6 +7,7 @@
 #include <ctime>
 #include <exception>
 #include <limits>
+#include <numeric>
 #include <thread>
 
 #include "dynacp/model/error.hpp"
@@ -39,7 +40,7 @@ void DynacpTuning::validate() const {
   at_least("variant_trials", variant_trials, 0), at_least("shelf_giants", shelf_giants, 0);
   at_least("shelf_orders", shelf_orders, 0), at_least("shelf_layouts", shelf_layouts, 0);
   at_least("shelf_stride_ranks", shelf_stride_ranks, 1), at_least("unit_giants", unit_giants, 0);
-  at_least("reorder_budget", reorder_budget, 0);
+  at_least("reorder_budget", reorder_budget, 0), at_least("polish_plans", polish_plans, 0);
   if (ring_orders > 3) invalid("DynacpTuning.ring_orders is ", ring_orders, "; there are 3 ring orders");
   positive("shelf_saturation", shelf_saturation), positive("mu_floor", mu_floor);
   positive("extra_threshold", extra_threshold), positive("break_low", break_low), positive("break_high", break_high);
@@ -216,6 +217,17 @@ std::vector<Candidate> gather(SearchContext& c) {
   for (std::size_t f = 0; f < all.size(); ++f)
     for (auto& [t, p] : c.pools[f])
       if (t <= c.tune.polish_within * best) polish.emplace_back(f, t, &p);
+  if (c.tune.polish_plans > 0 && polish.size() > static_cast<std::size_t>(c.tune.polish_plans)) {
+    std::vector<std::size_t> by(polish.size());
+    std::iota(by.begin(), by.end(), std::size_t{0});
+    std::stable_sort(by.begin(), by.end(),
+                     [&](std::size_t x, std::size_t y) { return std::get<1>(polish[x]) < std::get<1>(polish[y]); });
+    by.resize(static_cast<std::size_t>(c.tune.polish_plans));
+    std::sort(by.begin(), by.end());  // back to registry order
+    std::vector<std::tuple<std::size_t, double, Plan*>> kept;
+    for (std::size_t i : by) kept.push_back(polish[i]);
+    polish = std::move(kept);
+  }
   std::vector<Plan> polished(polish.size());
   c.run.for_each(polish.size(), [&](std::size_t i) {
     auto& [f, t, p] = polish[i];
