@@ -312,7 +312,9 @@ PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& clu
   const double P = cluster.num_ranks, n = pp, v = std::max(vpp, 1), c = cost.group_overhead;
   double average = t.average / n + (n - 1) * (c + wmin / P) / (n * v);
   double critical = 0.0, shared = 0.0, cover = 0.0;
-  if (vpp <= 1 && one_f_one_b_floor(2, pp) > 1.0) {
+  // The 1F1B terms below price the forward : backward split at 1 : 2 (the tables of tools/gen_pipeline_bound.py
+  // assume it); another CostModel::backward_ratio keeps only the split-free terms above, still a bound.
+  if (vpp <= 1 && cost.backward_ratio == 2.0 && one_f_one_b_floor(2, pp) > 1.0) {
     // Sharper for 1F1B: a rank running m microbatches of S = W_r + m c seconds in all finishes no earlier than
     // h(m, pp) S / pp (one_f_one_b_floor, the optimum over every split of S). G(W) = min_m h(m, pp) (W + m c) / pp
     // grows with W, and some rank has W_r >= sum work / P. Beyond the table (m > 64) the bound above applies with

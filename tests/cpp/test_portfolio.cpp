@@ -145,3 +145,43 @@ TEST(Portfolio, BadTuningIsRejectedByName) {
   EXPECT_NE(message([](PlanOptions& o) { o.threads = -1; }).find("PlanOptions.threads"), std::string::npos);
   EXPECT_NE(message([](PlanOptions& o) { o.time_limit_s = -1; }).find("time_limit_s"), std::string::npos);
 }
+
+TEST(Portfolio, AnotherForwardBackwardSplitMovesTheSimulatorAndKeepsTheBound) {
+  std::mt19937_64 rng(21);
+  for (double ratio : {1.0, 3.0}) {
+    CostModel cost;
+    cost.backward_ratio = ratio;
+    for (int trial = 0; trial < 12; ++trial) {
+      const int rpn = 2 + static_cast<int>(rng() % 3), P = rpn * (1 + static_cast<int>(rng() % 3));
+      const std::int64_t cap = 2048 + static_cast<std::int64_t>(rng() % 4096);
+      const Cluster c = make_cluster(P, rpn, cap, cost);
+      const Batch b = long_tailed(rng, 10 + static_cast<int>(rng() % 60), cap * P / 2);
+      for (const auto& name : solve::strategy_names()) {
+        PlanOptions o;
+        o.strategy = name;
+        o.pp = trial % 2 == 0 ? 2 : 4;
+        Plan p;
+        try {
+          p = plan(b, c, cost, o);
+        } catch (const Error&) {  // an anchor's pipelined plan that would deadlock
+          continue;
+        }
+        EXPECT_GE(p.predicted.step_time, p.predicted.lower_bound * (1 - 1e-12))
+            << name << " ratio " << ratio << " trial " << trial;
+      }
+    }
+  }
+  // the split itself: one group of time T on one rank at pp = 2 runs T (forward and backward on both stages)
+  CostModel cost;
+  cost.backward_ratio = 1.0;
+  const Cluster c = make_cluster(1, 1, 4096, cost);
+  Plan one;
+  one.num_ranks = 1;
+  one.microbatches = {{Group{{0}, {0}}}};
+  const Batch b{{1000}};
+  PlanOptions o;
+  o.pp = 2;
+  const double T = cost.group_time(one.microbatches[0][0], b, c);
+  EXPECT_NEAR(cost.forward_time(T, 2), T / 4, 1e-15);
+  EXPECT_NEAR(predict(one, b, c, cost, o).step_time, T, 1e-12);
+}
