@@ -67,13 +67,13 @@ std::vector<double> one_f_one_b_profile(int m, int pp) {
   return out;
 }
 
-double one_f_one_b_chain_floor(std::span<const double> times, int pp) {
+double one_f_one_b_chain_floor(std::span<const double> times, int pp, double backward_ratio) {
   check_list("one_f_one_b_chain_floor", times, pp);
   // Longest path, microbatch by microbatch: its forwards from stage 0 up, then its backwards from the last stage
   // down. fwd[k] / bwd[k]: when the latest microbatch's forward / backward on stage k ends at the earliest.
   const auto P = static_cast<std::size_t>(pp);
   std::vector<double> fwd(P, 0.0), bwd(P, 0.0);
-  const double f_share = 1.0 / (3.0 * pp), b_share = 2.0 / (3.0 * pp);
+  const double f_share = 1.0 / ((1.0 + backward_ratio) * pp), b_share = backward_ratio / ((1.0 + backward_ratio) * pp);
   for (double t : times) {
     double ready = 0.0;  // the forward on the stage before
     for (std::size_t k = 0; k < P; ++k) {
@@ -212,7 +212,7 @@ double ChainRoom::exact(std::span<const double> t, double S, bool* optimal) cons
   return room;
 }
 
-double one_f_one_b_makespan(std::span<const double> times, int pp) {
+double one_f_one_b_makespan(std::span<const double> times, int pp, double backward_ratio) {
   check_list("one_f_one_b_makespan", times, pp);
   const int m = static_cast<int>(times.size());
   if (m == 0) return 0.0;
@@ -230,7 +230,7 @@ double one_f_one_b_makespan(std::span<const double> times, int pp) {
     if (a < w + 2 * (m - w)) return std::pair<bool, int>{(a - w) % 2 == 1, w + (a - w) / 2 - ((a - w) % 2 ? w : 0)};
     return std::pair<bool, int>{true, a - w - (m - w)};
   };
-  const double f_share = 1.0 / (3.0 * pp), b_share = 2.0 / (3.0 * pp);
+  const double f_share = 1.0 / ((1.0 + backward_ratio) * pp), b_share = backward_ratio / ((1.0 + backward_ratio) * pp);
   for (bool progress = true; progress;) {
     progress = false;
     for (int k = 0; k < pp; ++k) {

@@ -89,8 +89,7 @@ std::vector<std::vector<Group>> lay_out(const std::vector<Group>& groups, const 
 std::vector<double> group_times(const std::vector<Group>& groups, const Batch& batch, const Cluster& cluster,
                                 const CostModel& cost) {
   std::vector<double> time(groups.size());
-  for (std::size_t i = 0; i < groups.size(); ++i)
-    time[i] = cost.group_time(groups[i], batch, cluster);
+  for (std::size_t i = 0; i < groups.size(); ++i) time[i] = cost.group_time(groups[i], batch, cluster);
   return time;
 }
 }  // namespace
@@ -110,7 +109,7 @@ Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& clust
   auto list_time = [&](const std::vector<std::size_t>& list) {
     std::vector<double> x;
     for (std::size_t i : list) x.push_back(time[i]);
-    return one_f_one_b_makespan(x, options.pp);
+    return one_f_one_b_makespan(x, options.pp, cost.backward_ratio);
   };
   std::vector<std::size_t> order(groups.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
@@ -199,7 +198,7 @@ Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cl
   auto list_time = [&](const std::vector<std::size_t>& list, const std::vector<std::size_t>& perm) {
     std::vector<double> x;
     for (std::size_t k : perm) x.push_back(time[list[k]]);
-    return one_f_one_b_makespan(x, options.pp);
+    return one_f_one_b_makespan(x, options.pp, cost.backward_ratio);
   };
   // classes: (length, the rings of degree >= 3 by place) -> ranks, in rank order
   std::map<std::vector<std::ptrdiff_t>, std::vector<std::size_t>> by_key;

@@ -144,7 +144,7 @@ Packed Units::pack(const std::vector<std::int64_t>& ids, int width, int m) {
       times.push_back(split(std::move(bins[j]), 0, width, out.microbatches.back()));
     }
   if (static_cast<int>(times.size()) % step_ != 0) return {};  // an emptied microbatch breaks the multiple
-  out.makespan = one_f_one_b_makespan(times, pp_);
+  out.makespan = one_f_one_b_makespan(times, pp_, cost_.backward_ratio);
   return out;
 }
 

@@ -83,7 +83,7 @@ struct DynacpTuning {
   int reorder_budget = 96;
   double polish_within = 1.05;
   /// ... and at most this many of them, the best by score (ties: registry order); 0 = no cap.
-  int polish_plans = 8;
+  int polish_plans = 0;
 
   /// Families (names from dynacp_families()) left out of the search, for experiments.
   std::vector<std::string> skip_families;

@@ -35,10 +35,11 @@ double one_f_one_b_work_floor(double W, double c, int pp);
 std::vector<double> one_f_one_b_profile(int m, int pp);
 
 /// Makespan of one pipeline of pp stages running microbatches of the given times (each over all stages, forward
-/// and backward) in list order under Megatron-Core's 1F1B schedule, with the simulator's split: t / (3 pp) forward
-/// and 2 t / (3 pp) backward per stage. No CP-group synchronisation: exact for ranks that share no group with
-/// other pipelines. Throws on pp < 1 or a negative or non-finite time.
-double one_f_one_b_makespan(std::span<const double> times, int pp);
+/// and backward) in list order under Megatron-Core's 1F1B schedule, with the simulator's split: t / ((1 + r) pp)
+/// forward and r t / ((1 + r) pp) backward per stage, r = backward_ratio (CostModel::backward_ratio; 2 gives t/(3 pp)
+/// and 2t/(3 pp)). No CP-group synchronisation: exact for ranks that share no group with other pipelines. Throws on
+/// pp < 1 or a negative or non-finite time.
+double one_f_one_b_makespan(std::span<const double> times, int pp, double backward_ratio = 2.0);
 
 /// A floor on the makespan of any 1F1B pipeline of pp stages that runs microbatches of these times in this order,
 /// whatever other microbatches it runs before, between or after them: the longest chain through their ops along
@@ -46,8 +47,8 @@ double one_f_one_b_makespan(std::span<const double> times, int pp);
 /// order, the last stage alternates F and B of consecutive microbatches, and a microbatch crosses the stages forward
 /// and back). One microbatch gives its time t (its round trip); two, a then b, give
 /// max(a + 2 b / (3 pp), a / (3 pp) + b, ((pp + 2) a + (2 pp + 1) b) / (3 pp)). Throws on pp < 1 or a negative or
-/// non-finite time.
-double one_f_one_b_chain_floor(std::span<const double> times, int pp);
+/// non-finite time. backward_ratio as for one_f_one_b_makespan (the lower bound uses the default, 2).
+double one_f_one_b_chain_floor(std::span<const double> times, int pp, double backward_ratio = 2.0);
 
 /// The most other work a pipeline of pp stages can run within S beside "giant" microbatches of times t (in this run
 /// order), by one_f_one_b_chain_floor: the other work goes anywhere around them, as microbatches of its own (x_0

@@ -70,7 +70,7 @@ struct ShelfSearch {
       chain.clear();
       for (const auto& r : rings)
         if (r.at <= cuts[j] && cuts[j] < r.at + r.d) chain.push_back(r.t);
-      if (!chain.empty()) worst = std::max(worst, one_f_one_b_chain_floor(chain, pp));
+      if (!chain.empty()) worst = std::max(worst, one_f_one_b_chain_floor(chain, pp, b.cost().backward_ratio));
     }
     return worst;
   }
