@@ -55,6 +55,8 @@ struct DynacpTuning {
   double break_low = 0.9;
   double break_high = 1.2;
   int break_mus = 2;
+  /// At most this many breakpoints, those whose times lie nearest the whole bound (0 = all).
+  int break_points = 0;
   /// mu refinement around the best plain build: mu x grid step^f.
   std::vector<double> mu_refine = {-2.0 / 3, -1.0 / 3, 1.0 / 3, 2.0 / 3};
   /// The best plain builds that get lead, order, profile and isolation variants.

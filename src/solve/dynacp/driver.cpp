@@ -36,7 +36,7 @@ void DynacpTuning::validate() const {
   at_least("gap_tries", gap_tries, 0), at_least("search_receivers", search_receivers, 1);
   at_least("search_items", search_items, 0), at_least("knee_max_multiple", knee_max_multiple, 1);
   at_least("slot_tau_grid", slot_tau_grid, 1), at_least("mu_grid", mu_grid, 2), at_least("break_mus", break_mus, 0);
-  at_least("walk_mus", walk_mus, 0);
+  at_least("walk_mus", walk_mus, 0), at_least("break_points", break_points, 0);
   at_least("variant_trials", variant_trials, 0), at_least("shelf_giants", shelf_giants, 0);
   at_least("shelf_orders", shelf_orders, 0), at_least("shelf_layouts", shelf_layouts, 0);
   at_least("shelf_stride_ranks", shelf_stride_ranks, 1), at_least("unit_giants", unit_giants, 0);
@@ -140,6 +140,7 @@ struct JobResult {
 };
 
 void SearchContext::run_jobs(const std::vector<Job>& jobs) {
+  builds += jobs.size();
   std::vector<JobResult> res(jobs.size());
   const std::size_t interleaved = family_index("interleaved");
   run.for_each(jobs.size(), [&](std::size_t j) {
@@ -204,6 +205,18 @@ void prepare_pipelined(SearchContext& c) {
     for (int d = hard.dmin; d <= c.cluster.num_ranks; ++d)
       if (const double t = c.b.time1(hard, d); t >= c.tune.break_low * lb_full && t <= c.tune.break_high * lb_full)
         c.breaks.push_back(t);
+    if (c.tune.break_points > 0 && c.breaks.size() > static_cast<std::size_t>(c.tune.break_points)) {
+      std::vector<std::size_t> by(c.breaks.size());  // nearest the whole bound first, then back in degree order
+      std::iota(by.begin(), by.end(), std::size_t{0});
+      std::stable_sort(by.begin(), by.end(), [&](std::size_t x, std::size_t y) {
+        return std::abs(c.breaks[x] - lb_full) < std::abs(c.breaks[y] - lb_full);
+      });
+      by.resize(static_cast<std::size_t>(c.tune.break_points));
+      std::sort(by.begin(), by.end());
+      std::vector<double> kept;
+      for (std::size_t i : by) kept.push_back(c.breaks[i]);
+      c.breaks = std::move(kept);
+    }
   }
 }
 
@@ -271,9 +284,11 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     if (!f.applies(c)) continue;
     const auto t0 = std::chrono::steady_clock::now();
     const std::clock_t cpu0 = std::clock();
+    const std::size_t builds0 = c.builds;
     f.generate(c);
     if (core_log().should_log(spdlog::level::debug))
-      core_log().debug("dynacp family {}: {:.3f} ms wall, {:.3f} ms process CPU", f.name,
+      core_log().debug("dynacp family {}: {} list builds, {:.3f} ms wall, {:.3f} ms process CPU", f.name,
+                       c.builds - builds0,
                        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
                        1e3 * static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC);
     run.check();

@@ -87,6 +87,7 @@ struct SearchContext {
   std::map<std::size_t, std::vector<std::vector<Ring>>> shelf_layouts;  ///< by `drop`
   std::vector<std::vector<std::pair<double, Plan>>> pools;              ///< by family: (score, plan), best first
   std::vector<Candidate> direct;                                        ///< plans that skip the pools
+  std::size_t builds = 0;  ///< pipelined builds run so far (the DEBUG log reports them per family)
 
   /// The microbatch targets' degree rules at `scale`: f x a ring's fastest time, and f x scale seconds.
   std::vector<TargetRule> targets_at(double scale) const;
