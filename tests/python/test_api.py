@@ -33,7 +33,7 @@ def test_plan_json_round_trip_and_format() -> None:
     lengths = np.array([9000, 3000, 200, 50, 7000, 1])
     p = dynacp.plan(lengths, cluster, cost, "fcp")
     d = json.loads(json.dumps(p.to_dict()))
-    assert set(d) == {"version", "strategy", "num_ranks", "solve_ms", "microbatches", "predicted"}
+    assert set(d) == {"version", "strategy", "num_ranks", "solve_ms", "family", "partial", "microbatches", "predicted"}
     assert d["version"] == 1 and d["strategy"] == "fcp" and d["num_ranks"] == 16
     assert set(d["predicted"]) >= {"step_time", "lower_bound", "per_rank_time", "peak_tokens_per_rank"}
     for slot in d["microbatches"]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import json
 import threading
 import time
 
@@ -79,3 +80,20 @@ def test_ctrl_c_interrupts_a_long_solve_within_half_a_second():
     timer.cancel()
     assert finished is None, "the solve ended before the interrupt: use a larger batch"
     assert raised - fired["at"] < 0.5
+
+
+def test_cli_solver_options_and_families_in_compare_json(tmp_path, capsys):
+    from dynacp.cli import main
+
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--dist", "wikipedia", "--gbs", "64", "--ranks", "16", "--pp", "4", "--threads", "1",
+                 "--time-limit", "30", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["family"] in dynacp.dynacp_families() and doc["partial"] is False
+    capsys.readouterr()
+    assert main(["compare", "--batches", "2", "--gbs", "64", "--ranks", "16", "--json", "--threads", "2"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    wins = result["strategies"]["dynacp"]["families"]
+    assert sum(wins.values()) == 2 and set(wins) <= set(dynacp.dynacp_families())
+    assert result["strategies"]["packing"]["families"] == {}
+    assert main(["plan", "--gbs", "8", "--time-limit", "0", "--out", str(out)]) == 2

@@ -52,6 +52,18 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="virtual (interleaved) stages per pipeline stage (default 1)")
     g.add_argument("--count-policy", choices=["equal", "variable"], default="variable",
                    help="microbatch counts per rank when pp > 1: equal, or variable per rank (default variable)")
+    s = p.add_argument_group("dynacp solver")
+    s.add_argument("--threads", type=int, default=0,
+                   help="threads that build and score dynacp's candidates (default 0 = every hardware thread; the "
+                   "plan is the same for any count)")
+    s.add_argument("--time-limit", dest="time_limit", type=float, default=None, metavar="SECONDS",
+                   help="stop building dynacp candidates after this many seconds and keep the best plan so far "
+                   "(default: no limit)")
+
+
+def solver_kwargs(args: argparse.Namespace) -> dict:
+    """The dynacp solver options of the command line, as keyword arguments of :func:`dynacp.plan`."""
+    return {"threads": args.threads, "time_limit": args.time_limit}
 
 
 def add_batch_args(p: argparse.ArgumentParser, gbs_help: str = "sequences per global batch (default 512)") -> None:

@@ -109,13 +109,13 @@ def _plan_all(args: argparse.Namespace, names: List[str], batches: common.Batche
         if name in errors:
             continue
         try:
-            planner = make_plan
+            planner, extra = make_plan, common.solver_kwargs(args)
             if name in PEERS:  # Python-side peers: the released Megatron-Core scheduler
                 from dynacp.integration.megatron_core import PEER_STRATEGIES
 
-                planner = PEER_STRATEGIES[name]
+                planner, extra = PEER_STRATEGIES[name], {}
             p = planner(batches.batches[b].lengths, cluster, cost, name, pp=args.pp, vpp=args.vpp,
-                        count_policy=args.count_policy)
+                        count_policy=args.count_policy, **extra)
         except (RuntimeError, ValueError) as e:
             # RuntimeError: e.g. a pipelined plan that would deadlock under 1F1B; ValueError: e.g. an anchor whose
             # microbatch counts break the vpp rule. Either way the other strategies still run.

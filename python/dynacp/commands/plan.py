@@ -45,7 +45,7 @@ def plan_document(args: argparse.Namespace) -> Dict[str, Any]:
     batches = common.load(args, 1, gbs)
     batch = batches.batches[0]
     p = make_plan(batch.lengths, cluster, cost, args.strategy, pp=args.pp, vpp=args.vpp,
-                  count_policy=args.count_policy)
+                  count_policy=args.count_policy, **common.solver_kwargs(args))
     doc = p.to_dict()
     source = dict(batches.source)
     if batch.entries is not None:
