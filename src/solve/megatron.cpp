@@ -87,84 +87,139 @@ std::vector<std::vector<Group>> split_microbatch(const std::vector<Group>& slot,
   return {lay_out(std::move(right)), lay_out(std::move(left))};
 }
 
+// One option for a sequence in the microbatch being filled: add it to a group (kind 0), open a new group (1), or
+// none (-1).
+struct Option {
+  int kind = -1;
+  std::size_t group = 0;
+  int cp = 0;
+  double score = 0.0;
+};
+
+// The groups of one microbatch while it fills (Megatron-Core's per-call state): the option a sequence would take and
+// its placement.
+struct MicrobatchFill {
+  /// `tall` and `shortest`: the longest and shortest remaining sequence (tokens).
+  MicrobatchFill(const Batch& batch, const Cluster& cluster, const CostModel& cost, std::int64_t tall,
+                 std::int64_t shortest)
+      : batch_(batch), cluster_(cluster), cost_(cost), P_(cluster.num_ranks), cap_(cost.token_capacity(cluster)),
+        shortest_(shortest), cost_cap_(static_cast<double>(tall) * static_cast<double>(cap_) * 1.05),
+        by_size_(static_cast<std::size_t>(P_) + 1) {}
+
+  std::int64_t rows(std::int64_t s, int cp) const { return cluster_.padded_rows(s, cp); }
+  int cp_min(std::int64_t s) const {
+    const int c = pow2_at_least(cost_.min_degree(s, cluster_));
+    return c <= P_ ? c : P_;
+  }
+
+  /// The best option for a sequence of `s` tokens (the microbatch's first, `first`, takes its minimum degree even
+  /// over the cost cap): options are scored by the projected global max of sum s^2 / cp and must stay under 1.05 x
+  /// tall x capacity; ties favour smaller cp and "add".
+  Option option(std::int64_t s, bool first) const {
+    const double s2 = static_cast<double>(s) * static_cast<double>(s);
+    Option best;
+    for (int cp = cp_min(s); cp <= P_; cp = (cp == P_ ? P_ + 1 : std::min(cp * 2, P_))) {
+      if (!first) {
+        // the score grows with the group's sum s^2, so the first group with token room is the best "add"
+        for (const auto& [sq, gi] : by_size_[static_cast<std::size_t>(cp)]) {
+          const MGroup& g = groups[gi];
+          if (g.rows + rows(s, cp) > cap_) continue;
+          const double score = std::max(global_max_, (g.sq + s2) / cp);
+          if (score <= cost_cap_ && (best.kind < 0 || score < best.score)) best = {0, gi, cp, score};
+          break;
+        }
+      }
+      if (used_ + cp <= P_ && rows(s, cp) <= cap_) {
+        const double score = std::max(global_max_, s2 / cp);
+        if ((score <= cost_cap_ || first) && (best.kind < 0 || score < best.score)) best = {1, 0, cp, score};
+      }
+      if (first && best.kind >= 0) break;  // the tallest takes its minimum degree
+      if (cp == P_) break;
+    }
+    return best;
+  }
+
+  /// Places sequence `id` as `opt` says (opt.kind >= 0).
+  void apply(const Option& opt, std::int64_t id) {
+    const std::int64_t s = batch_.lengths[static_cast<std::size_t>(id)];
+    std::size_t gi = opt.group;
+    auto& set = by_size_[static_cast<std::size_t>(opt.cp)];
+    if (opt.kind == 0) {
+      set.erase({groups[gi].sq, gi});
+    } else {
+      groups.push_back({opt.cp, {}, 0, 0, 0.0});
+      used_ += opt.cp;
+      gi = groups.size() - 1;
+    }
+    MGroup& g = groups[gi];
+    g.ids.push_back(id);
+    g.tokens += s;
+    g.rows += rows(s, g.size);
+    g.sq += static_cast<double>(s) * static_cast<double>(s);
+    global_max_ = std::max(global_max_, g.cost());
+    // a group that cannot take even the shortest remaining sequence leaves the "add" candidates
+    if (cap_ - g.rows >= rows(shortest_, g.size)) set.insert({g.sq, gi});
+  }
+
+  std::vector<MGroup> groups;
+
+ private:
+  const Batch& batch_;
+  const Cluster& cluster_;
+  const CostModel& cost_;
+  int P_;
+  std::int64_t cap_, shortest_;
+  double cost_cap_;
+  int used_ = 0;
+  double global_max_ = 0.0;
+  // groups of each CP size, by their sum s^2 (the least loaded first; ties by creation order)
+  std::vector<std::set<std::pair<double, std::size_t>>> by_size_;
+};
+
 }  // namespace
 
 Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options) {
   const int P = cluster.num_ranks;
   const std::int64_t cap = cost.token_capacity(cluster);
   auto len = [&](std::int64_t id) { return batch.lengths[static_cast<std::size_t>(id)]; };
-  auto rows = [&](std::int64_t s, int cp) { return cluster.padded_rows(s, cp); };
-  auto cp_min = [&](std::int64_t s) {
-    const int c = pow2_at_least(cost.min_degree(s, cluster));
-    return c <= P ? c : P;
-  };
   std::vector<std::int64_t> remaining(batch.size());
   std::iota(remaining.begin(), remaining.end(), std::int64_t{0});
   Plan plan;
   while (!remaining.empty()) {
     std::stable_sort(remaining.begin(), remaining.end(),
                      [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
-    const std::int64_t tall = len(remaining.front());
-    const double cost_cap = static_cast<double>(tall) * static_cast<double>(cap) * 1.05;
-    std::vector<MGroup> groups;
-    // groups of each CP size, by their sum s^2 (the least loaded first; ties by creation order)
-    std::vector<std::set<std::pair<double, std::size_t>>> by_size(static_cast<std::size_t>(P) + 1);
-    int used = 0;
-    double global_max = 0.0;
+    MicrobatchFill fill(batch, cluster, cost, len(remaining.front()), len(remaining.back()));
     std::vector<std::int64_t> leftover;
+    // Every remaining sequence is tried once, tallest first. Whether one has an option is monotone in its length
+    // (a shorter one fits wherever a taller one does: fewer padded rows, a smaller s^2, more CP sizes), and the
+    // state changes only when one is placed, so after a sequence without an option a binary search finds the next
+    // one with an option and the ones between wait for the next call: the same microbatch in O(placed log n)
+    // option checks instead of one per remaining sequence.
+    for (std::size_t k = 0; k < remaining.size(); ++k) {
+      const Option opt = fill.option(len(remaining[k]), k == 0);
+      if (opt.kind >= 0) {
+        fill.apply(opt, remaining[k]);
+        continue;
+      }
+      std::size_t lo = k + 1, hi = remaining.size();
+      while (lo < hi) {
+        const std::size_t mid = lo + (hi - lo) / 2;
+        if (fill.option(len(remaining[mid]), false).kind >= 0)
+          hi = mid;
+        else
+          lo = mid + 1;
+      }
+      leftover.insert(leftover.end(), remaining.begin() + static_cast<std::ptrdiff_t>(k),
+                      remaining.begin() + static_cast<std::ptrdiff_t>(lo));
+      k = lo - 1;
+    }
+    std::vector<MGroup> groups = std::move(fill.groups);
     auto add_to = [&](MGroup& g, std::int64_t id) {
       g.ids.push_back(id);
       g.tokens += len(id);
-      g.rows += rows(len(id), g.size);
+      g.rows += cluster.padded_rows(len(id), g.size);
       g.sq += static_cast<double>(len(id)) * static_cast<double>(len(id));
-      global_max = std::max(global_max, g.cost());
     };
-    // a group that cannot take even the shortest remaining sequence leaves the "add" candidates
-    const std::int64_t shortest = len(remaining.back());
-    auto has_room = [&](const MGroup& g) { return cap - g.rows >= rows(shortest, g.size); };
-    for (std::size_t k = 0; k < remaining.size(); ++k) {
-      const std::int64_t id = remaining[k];
-      const std::int64_t s = len(id);
-      const double s2 = static_cast<double>(s) * static_cast<double>(s);
-      int best_kind = -1;  // 0 = add, 1 = new
-      std::size_t best_group = 0;
-      int best_cp = 0;
-      double best_score = 0.0;
-      for (int cp = cp_min(s); cp <= P; cp = (cp == P ? P + 1 : std::min(cp * 2, P))) {
-        if (k > 0) {
-          // the score grows with the group's sum s^2, so the first group with token room is the best "add"
-          for (const auto& [sq, gi] : by_size[static_cast<std::size_t>(cp)]) {
-            const MGroup& g = groups[gi];
-            if (g.rows + rows(s, cp) > cap) continue;
-            const double score = std::max(global_max, (g.sq + s2) / cp);
-            if (score <= cost_cap && (best_kind < 0 || score < best_score))
-              best_kind = 0, best_group = gi, best_cp = cp, best_score = score;
-            break;
-          }
-        }
-        if (used + cp <= P && rows(s, cp) <= cap) {
-          const double score = std::max(global_max, s2 / cp);
-          if ((score <= cost_cap || k == 0) && (best_kind < 0 || score < best_score))
-            best_kind = 1, best_cp = cp, best_score = score;
-        }
-        if (k == 0 && best_kind >= 0) break;  // the tallest takes its minimum degree
-        if (cp == P) break;
-      }
-      if (best_kind == 0) {
-        auto& set = by_size[static_cast<std::size_t>(best_cp)];
-        set.erase({groups[best_group].sq, best_group});
-        add_to(groups[best_group], id);
-        if (has_room(groups[best_group])) set.insert({groups[best_group].sq, best_group});
-      } else if (best_kind == 1) {
-        groups.push_back({best_cp, {}, 0, 0, 0.0});
-        used += best_cp;
-        add_to(groups.back(), id);
-        if (has_room(groups.back()))
-          by_size[static_cast<std::size_t>(best_cp)].insert({groups.back().sq, groups.size() - 1});
-      } else {
-        leftover.push_back(id);
-      }
-    }
     // Fill empty ranks by doubling the smallest group (first of that size).
     if (!fill_by_doubling(groups, P)) {
       // Fallback: one group of all P ranks holding what fits at CP = P; the rest waits.
@@ -173,7 +228,7 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
       std::stable_sort(all.begin(), all.end(), [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
       groups.assign(1, MGroup{P, {}, 0, 0, 0.0});
       for (auto id : all) {
-        if (groups[0].rows + rows(len(id), P) <= cap)
+        if (groups[0].rows + cluster.padded_rows(len(id), P) <= cap)
           add_to(groups[0], id);
         else
           leftover.push_back(id);
