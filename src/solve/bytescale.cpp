@@ -11,6 +11,7 @@
 #include <numeric>
 #include <set>
 
+#include "dynacp/solve/packing.hpp"
 #include "dynacp/solve/strategies.hpp"
 #include "dynacp/solve/timeline.hpp"
 
@@ -59,9 +60,9 @@ Plan bytescale(const Batch& batch, const Cluster& cluster, const CostModel& cost
   const int P = cluster.num_ranks;
   const std::int64_t cap = cost.token_capacity(cluster);
   auto len = [&](std::int64_t id) { return batch.lengths[static_cast<std::size_t>(id)]; };
-  std::vector<std::int64_t> order(batch.size());
-  std::iota(order.begin(), order.end(), std::int64_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
+  std::vector<std::int64_t> ids(batch.size());
+  std::iota(ids.begin(), ids.end(), std::int64_t{0});
+  const std::vector<std::int64_t> order = longest_first(batch, ids);
 
   // FLOP-equal buckets: as many as microbatch rounds the pool needs at full memory use.
   double total_work = 0;

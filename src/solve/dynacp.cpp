@@ -19,6 +19,7 @@
 #include <optional>
 #include <queue>
 #include <set>
+#include <unordered_map>
 
 #include "dynacp/model/error.hpp"
 #include "dynacp/solve/evaluate.hpp"
@@ -143,7 +144,17 @@ class Builder {
  public:
   Builder(const Batch& b, const Cluster& c, const CostModel& m) : batch_(b), cluster_(c), cost_(m) {
     cap_ = cost_.token_capacity(cluster_);
+    // Sequences of one length and mask share every field but the id (piece_minima alone takes a few dozen cost
+    // evaluations): each distinct pair is computed once and copied.
+    std::unordered_map<std::int64_t, std::size_t> first_of[2];  // per mask: length -> its first sequence's index
     for (std::size_t i = 0; i < b.size(); ++i) {
+      const auto [it, fresh] = first_of[b.mask(i) == Mask::Full ? 1 : 0].try_emplace(b.lengths[i], seqs_.size());
+      if (!fresh) {
+        Seq q = seqs_[it->second];
+        q.id = static_cast<std::int64_t>(i);
+        seqs_.push_back(q);
+        continue;
+      }
       const double eta = cost_.eta(b.mask(i));
       Seq q{static_cast<std::int64_t>(i), b.lengths[i], eta, cost_.work(b.lengths[i], b.mask(i)),
             cost_.min_degree(b.lengths[i], cluster_)};
@@ -156,11 +167,13 @@ class Builder {
       q.t1 = time1(q, 1);
       seqs_.push_back(q);
     }
+    // longest work first, ties by index: sorted as contiguous (-work, index) keys, the same order without a random
+    // read of seqs_ per comparison
+    std::vector<std::pair<double, std::size_t>> keys(seqs_.size());
+    for (std::size_t i = 0; i < seqs_.size(); ++i) keys[i] = {-seqs_[i].work, i};
+    std::sort(keys.begin(), keys.end());
     order_.resize(seqs_.size());
-    std::iota(order_.begin(), order_.end(), std::size_t{0});
-    std::stable_sort(order_.begin(), order_.end(), [&](std::size_t x, std::size_t y) {
-      return seqs_[x].work != seqs_[y].work ? seqs_[x].work > seqs_[y].work : x < y;
-    });
+    for (std::size_t k = 0; k < keys.size(); ++k) order_[k] = keys[k].second;
   }
 
   double time1(const Seq& s, int d) const {
@@ -193,6 +206,9 @@ class Builder {
   /// The sequence with the most work (ties: the lowest id).
   const Seq& hardest() const { return seqs_[order_.front()]; }
 
+  /// Loops over many sequences in order_'s order read seqs_ at random: they prefetch this many ahead.
+  static constexpr std::size_t kAhead = 16;
+
   /// Largest single-rank time among sequences that fit one rank, and the time of the hardest ring sequence.
   double upper_tau() const {
     double t = 0;
@@ -220,7 +236,9 @@ class Builder {
   /// for tau, the rings sorted by `ring_order`: 0 largest area T d, 1 longest, 2 widest.
   void classify(const std::vector<std::size_t>& ids, double tau, int ring_order, std::vector<std::size_t>& shorts,
                 std::vector<Ring>& rings) const {
-    for (std::size_t i : ids) {
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      const std::size_t i = ids[k];
+      if (k + kAhead < ids.size()) __builtin_prefetch(&seqs_[ids[k + kAhead]]);
       const Seq& q = seqs_[i];
       if (q.dmin == 1 && q.t1 <= tau) {
         shorts.push_back(i);
@@ -1042,28 +1060,42 @@ class Builder {
       placed.push_back({std::move(ranks), seqs_[ring.seq].id, start});
     }
 
-    // 2. shorts: into the tightest gap that holds them, else longest work first onto the rank that finishes first
-    std::multiset<std::pair<double, std::size_t>> by_room;
-    for (std::size_t g = 0; g < gaps.size(); ++g) by_room.insert({gaps[g].room, g});
+    // 2. shorts: into the tightest gap that holds them, else longest work first onto the rank that finishes first.
+    // The gaps by (room, index), in a sorted vector holding what a fit test reads: the up to 8 tries per short read
+    // contiguous memory (their number grows with the rings, and most are tried by every short); a fill moves one.
+    struct Room {
+      double room;
+      std::size_t gap;
+      std::int64_t rows;  // its bin's rows
+      bool empty;         // its bin is empty (a first sequence pays the group overhead)
+    };
+    auto room_less = [](const Room& a, const Room& b) { return a.room != b.room ? a.room < b.room : a.gap < b.gap; };
+    std::vector<Room> by_room;
+    for (std::size_t g = 0; g < gaps.size(); ++g) by_room.push_back({gaps[g].room, g, 0, true});
+    std::sort(by_room.begin(), by_room.end(), room_less);
     std::vector<double> base = scratch.free();
     std::vector<std::vector<Bin>> bins(static_cast<std::size_t>(P));
     std::vector<double> fin = base;
+    std::vector<double> closed = base;  // finish() summed up to each rank's open (last) bin, so a short costs O(1)
     using Item = std::pair<double, int>;
     std::priority_queue<Item, std::vector<Item>, std::greater<>> heap;
     for (int r = 0; r < P; ++r) heap.push({fin[static_cast<std::size_t>(r)], r});
-    for (std::size_t i : shorts) {
+    for (std::size_t k = 0; k < shorts.size(); ++k) {
+      const std::size_t i = shorts[k];
+      if (k + kAhead < shorts.size()) __builtin_prefetch(&seqs_[shorts[k + kAhead]]);
       const Seq& s = seqs_[i];
       bool gapped = false;
       int tries = 0;
-      for (auto it = by_room.lower_bound({s.work, 0}); it != by_room.end() && tries < 8; ++it, ++tries) {
-        Gap& g = gaps[it->second];
-        const double need = s.work + (g.bin.seqs.empty() ? cost_.group_overhead : 0.0);
-        if (need > g.room || g.bin.rows + s.rows1 > cap_) continue;
-        const std::size_t gi = it->second;
-        by_room.erase(it);
+      for (auto it = std::lower_bound(by_room.begin(), by_room.end(), Room{s.work, 0, 0, false}, room_less);
+           it != by_room.end() && tries < 8; ++it, ++tries) {
+        const double need = s.work + (it->empty ? cost_.group_overhead : 0.0);
+        if (need > it->room || it->rows + s.rows1 > cap_) continue;
+        Gap& g = gaps[it->gap];
         g.bin.seqs.push_back(i), g.bin.rows += s.rows1, g.bin.work += s.work;
         g.room -= need;
-        by_room.insert({g.room, gi});
+        const Room moved{g.room, it->gap, g.bin.rows, false};
+        by_room.erase(it);
+        by_room.insert(std::lower_bound(by_room.begin(), by_room.end(), moved, room_less), moved);
         gapped = true;
         break;
       }
@@ -1071,11 +1103,15 @@ class Builder {
       const int r = heap.top().second;
       heap.pop();
       auto& rb = bins[static_cast<std::size_t>(r)];
-      if (rb.empty() || rb.back().rows + s.rows1 > cap_) rb.emplace_back();
+      if (rb.empty() || rb.back().rows + s.rows1 > cap_) {
+        if (!rb.empty()) closed[static_cast<std::size_t>(r)] += rb.back().work + cost_.group_overhead;
+        rb.emplace_back();
+      }
       rb.back().seqs.push_back(i);
       rb.back().rows += s.rows1;
       rb.back().work += s.work;
-      fin[static_cast<std::size_t>(r)] = finish(base[static_cast<std::size_t>(r)], rb);
+      // = finish(base[r], rb), the same sum in the same order
+      fin[static_cast<std::size_t>(r)] = closed[static_cast<std::size_t>(r)] + (rb.back().work + cost_.group_overhead);
       heap.push({fin[static_cast<std::size_t>(r)], r});
     }
     // 3. local search between the slowest rank and the others

@@ -19,6 +19,7 @@
 #include <set>
 
 #include "dynacp/model/error.hpp"
+#include "dynacp/solve/packing.hpp"
 #include "dynacp/solve/strategies.hpp"
 
 namespace dynacp::solve {
@@ -185,9 +186,12 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
   std::vector<std::int64_t> remaining(batch.size());
   std::iota(remaining.begin(), remaining.end(), std::int64_t{0});
   Plan plan;
+  // What waits keeps the tallest-first order, so the sort (a stable one: ties keep their order) is redone only after
+  // a call that fell back to one pool-wide group.
+  bool sorted = false;
   while (!remaining.empty()) {
-    std::stable_sort(remaining.begin(), remaining.end(),
-                     [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
+    if (!sorted) remaining = longest_first(batch, remaining);
+    sorted = true;
     MicrobatchFill fill(batch, cluster, cost, len(remaining.front()), len(remaining.back()));
     std::vector<std::int64_t> leftover;
     // Every remaining sequence is tried once, tallest first. Whether one has an option is monotone in its length
@@ -222,10 +226,11 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
     };
     // Fill empty ranks by doubling the smallest group (first of that size).
     if (!fill_by_doubling(groups, P)) {
-      // Fallback: one group of all P ranks holding what fits at CP = P; the rest waits.
+      // Fallback: one group of all P ranks holding what fits at CP = P; the rest waits (out of order).
+      sorted = false;
       std::vector<std::int64_t> all;
       for (const auto& g : groups) all.insert(all.end(), g.ids.begin(), g.ids.end());
-      std::stable_sort(all.begin(), all.end(), [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
+      all = longest_first(batch, all);
       groups.assign(1, MGroup{P, {}, 0, 0, 0.0});
       for (auto id : all) {
         if (groups[0].rows + cluster.padded_rows(len(id), P) <= cap)

@@ -42,7 +42,8 @@ class FirstFitTree {
     std::vector<std::int64_t> t(2 * leaves_, -1);
     for (std::size_t k = 0; k < size_; ++k) t[leaves_ + k] = tree_[old + k];
     tree_ = std::move(t);
-    for (std::size_t node = leaves_ - 1; node >= 1; --node) tree_[node] = std::max(tree_[2 * node], tree_[2 * node + 1]);
+    for (std::size_t node = leaves_ - 1; node >= 1; --node)
+      tree_[node] = std::max(tree_[2 * node], tree_[2 * node + 1]);
   }
   std::size_t size_ = 0, leaves_ = 0;
   std::vector<std::int64_t> tree_;
@@ -71,19 +72,33 @@ std::vector<std::vector<std::int64_t>> first_fit(const Batch& batch, std::span<c
   return packs;
 }
 
-namespace {
-std::vector<std::int64_t> sorted_by_length_desc(const Batch& batch, std::span<const std::int64_t> ids) {
-  std::vector<std::int64_t> order(ids.begin(), ids.end());
-  std::stable_sort(order.begin(), order.end(), [&](std::int64_t x, std::int64_t y) {
-    const auto lx = batch.lengths[static_cast<std::size_t>(x)], ly = batch.lengths[static_cast<std::size_t>(y)];
-    return lx != ly ? lx > ly : x < y;
-  });
+std::vector<std::int64_t> longest_first(const Batch& batch, std::span<const std::int64_t> ids) {
+  std::vector<std::pair<std::int64_t, std::size_t>> keys;  // (-length, position in ids)
+  keys.reserve(ids.size());
+  for (std::size_t k = 0; k < ids.size(); ++k) keys.push_back({-batch.lengths[static_cast<std::size_t>(ids[k])], k});
+  std::sort(keys.begin(), keys.end());
+  std::vector<std::int64_t> order;
+  order.reserve(ids.size());
+  for (const auto& k : keys) order.push_back(ids[k.second]);
   return order;
 }
-}  // namespace
 
-std::vector<AtomicGroup> best_fit_decreasing(const Batch& batch, const CostModel& cost, const Cluster& cluster,
-                                             std::span<const std::int64_t> ids) {
+namespace {
+
+using LengthKey = std::pair<std::int64_t, std::int64_t>;  // (-length, id): sorted, longest first and ties by id
+
+// The keys of `ids` in that order (a total order), sorted contiguously: no comparison reads the batch.
+std::vector<LengthKey> sorted_by_length_desc(const Batch& batch, std::span<const std::int64_t> ids) {
+  std::vector<LengthKey> keys;
+  keys.reserve(ids.size());
+  for (auto id : ids) keys.push_back({-batch.lengths[static_cast<std::size_t>(id)], id});
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+// best_fit_decreasing over keys already sorted (the lengths travel with them: no read of the batch's lengths).
+std::vector<AtomicGroup> best_fit_sorted(const Batch& batch, const CostModel& cost, const Cluster& cluster,
+                                         std::span<const LengthKey> keys) {
   const std::int64_t cap = cost.token_capacity(cluster);
   std::vector<AtomicGroup> groups;
   std::vector<std::int64_t> free;  // padded rows per rank still free at the group's min degree
@@ -95,8 +110,8 @@ std::vector<AtomicGroup> best_fit_decreasing(const Batch& batch, const CostModel
   std::vector<std::pair<int, std::set<Key>>> by_degree;  // (min degree, its groups), degrees in first-seen order
   std::vector<std::size_t> slot_of;                      // group -> its index in by_degree
   auto room = [&](std::size_t k) { return free[k] * groups[k].min_degree; };
-  for (auto id : sorted_by_length_desc(batch, ids)) {
-    const std::int64_t len = batch.lengths[static_cast<std::size_t>(id)];
+  for (const auto& [neg_len, id] : keys) {
+    const std::int64_t len = -neg_len;
     const double eta = cost.eta(batch.mask(static_cast<std::size_t>(id)));
     const int dmin = cost.min_degree(len, cluster);
     std::size_t best = groups.size();
@@ -126,34 +141,54 @@ std::vector<AtomicGroup> best_fit_decreasing(const Batch& batch, const CostModel
   return groups;
 }
 
+}  // namespace
+
+std::vector<AtomicGroup> best_fit_decreasing(const Batch& batch, const CostModel& cost, const Cluster& cluster,
+                                             std::span<const std::int64_t> ids) {
+  return best_fit_sorted(batch, cost, cluster, sorted_by_length_desc(batch, ids));
+}
+
 std::vector<std::vector<std::int64_t>> split_waves(const Batch& batch, const CostModel& cost, const Cluster& cluster,
-                                                   std::span<const std::int64_t> ids) {
+                                                   std::span<const std::int64_t> ids,
+                                                   std::vector<std::vector<AtomicGroup>>* groups) {
   const auto order = sorted_by_length_desc(batch, ids);
-  auto fits = [&](const std::vector<std::int64_t>& wave) {
+  auto fits = [&](const std::vector<AtomicGroup>& wave) {
     int total = 0;
-    for (const auto& g : best_fit_decreasing(batch, cost, cluster, wave)) total += g.min_degree;
+    for (const auto& g : wave) total += g.min_degree;
     return total <= cluster.num_ranks;
   };
   std::int64_t dmin_sum = 0;
-  for (const auto& g : best_fit_decreasing(batch, cost, cluster, ids)) dmin_sum += g.min_degree;
+  for (const auto& g : best_fit_sorted(batch, cost, cluster, order)) dmin_sum += g.min_degree;
   std::size_t waves =
       static_cast<std::size_t>(std::max<std::int64_t>(1, (dmin_sum + cluster.num_ranks - 1) / cluster.num_ranks));
   for (; waves <= order.size(); ++waves) {
-    std::vector<std::vector<std::int64_t>> out(waves);
-    // the lightest wave (ties: the first) from a min-heap of (load, wave): O(n log waves) per try
+    // Largest first into the lightest wave (ties: the first), from a min-heap of (tokens, wave): O(n log waves) per
+    // try. Each wave gets its keys in the global order, so it is sorted as best_fit_decreasing would sort it.
+    std::vector<std::vector<LengthKey>> out(waves);
     std::priority_queue<std::pair<std::int64_t, std::size_t>, std::vector<std::pair<std::int64_t, std::size_t>>,
                         std::greater<>>
         lightest;
     for (std::size_t w = 0; w < waves; ++w) lightest.push({0, w});
-    for (auto id : order) {
+    for (const auto& key : order) {
       const auto [load, w] = lightest.top();
       lightest.pop();
-      out[w].push_back(id);
-      lightest.push({load + batch.lengths[static_cast<std::size_t>(id)], w});
+      out[w].push_back(key);
+      lightest.push({load - key.first, w});
     }
-    if (std::all_of(out.begin(), out.end(), fits)) {
-      for (auto& w : out) std::sort(w.begin(), w.end());
-      return out;
+    std::vector<std::vector<AtomicGroup>> packed;
+    bool all_fit = true;
+    for (std::size_t w = 0; w < out.size() && all_fit; ++w) {
+      packed.push_back(best_fit_sorted(batch, cost, cluster, out[w]));
+      all_fit = fits(packed.back());
+    }
+    if (all_fit) {
+      std::vector<std::vector<std::int64_t>> ids_out(waves);
+      for (std::size_t w = 0; w < waves; ++w) {
+        for (const auto& key : out[w]) ids_out[w].push_back(key.second);
+        std::sort(ids_out[w].begin(), ids_out[w].end());
+      }
+      if (groups) *groups = std::move(packed);
+      return ids_out;
     }
   }
   throw Error("split_waves: no wave split fits the pool (a sequence needs more ranks than the pool has)");
