@@ -174,6 +174,7 @@ class Builder {
     std::sort(keys.begin(), keys.end());
     order_.resize(seqs_.size());
     for (std::size_t k = 0; k < keys.size(); ++k) order_[k] = keys[k].second;
+    for (const auto& q : seqs_) ring_t1_.push_back(q.dmin > 1 ? std::numeric_limits<double>::infinity() : q.t1);
   }
 
   double time1(const Seq& s, int d) const {
@@ -227,8 +228,8 @@ class Builder {
   /// What a build for tau depends on: the ring sequences and their degrees.
   std::vector<std::pair<std::size_t, int>> signature(double tau) const {
     std::vector<std::pair<std::size_t, int>> sig;
-    for (std::size_t i = 0; i < seqs_.size(); ++i)
-      if (seqs_[i].dmin > 1 || seqs_[i].t1 > tau) sig.push_back({i, degree_for(seqs_[i], tau)});
+    for (std::size_t i = 0; i < ring_t1_.size(); ++i)  // = seqs_[i].dmin > 1 || seqs_[i].t1 > tau, read compactly
+      if (ring_t1_[i] > tau) sig.push_back({i, degree_for(seqs_[i], tau)});
     return sig;
   }
 
@@ -1235,6 +1236,7 @@ class Builder {
   std::int64_t cap_ = 0;
   std::vector<Seq> seqs_;
   std::vector<std::size_t> order_;
+  std::vector<double> ring_t1_;  // per sequence: t1, or infinity when dmin > 1 (it rings at every tau): signature()
 };
 
 }  // namespace

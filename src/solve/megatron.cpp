@@ -101,9 +101,8 @@ struct Option {
 // its placement.
 struct MicrobatchFill {
   /// `tall` and `shortest`: the longest and shortest remaining sequence (tokens).
-  MicrobatchFill(const Batch& batch, const Cluster& cluster, const CostModel& cost, std::int64_t tall,
-                 std::int64_t shortest)
-      : batch_(batch), cluster_(cluster), cost_(cost), P_(cluster.num_ranks), cap_(cost.token_capacity(cluster)),
+  MicrobatchFill(const Cluster& cluster, const CostModel& cost, std::int64_t tall, std::int64_t shortest)
+      : cluster_(cluster), cost_(cost), P_(cluster.num_ranks), cap_(cost.token_capacity(cluster)),
         shortest_(shortest), cost_cap_(static_cast<double>(tall) * static_cast<double>(cap_) * 1.05),
         by_size_(static_cast<std::size_t>(P_) + 1) {}
 
@@ -140,9 +139,8 @@ struct MicrobatchFill {
     return best;
   }
 
-  /// Places sequence `id` as `opt` says (opt.kind >= 0).
-  void apply(const Option& opt, std::int64_t id) {
-    const std::int64_t s = batch_.lengths[static_cast<std::size_t>(id)];
+  /// Places sequence `id` of `s` tokens as `opt` says (opt.kind >= 0).
+  void apply(const Option& opt, std::int64_t id, std::int64_t s) {
     std::size_t gi = opt.group;
     auto& set = by_size_[static_cast<std::size_t>(opt.cp)];
     if (opt.kind == 0) {
@@ -165,7 +163,6 @@ struct MicrobatchFill {
   std::vector<MGroup> groups;
 
  private:
-  const Batch& batch_;
   const Cluster& cluster_;
   const CostModel& cost_;
   int P_;
@@ -183,32 +180,37 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
   const int P = cluster.num_ranks;
   const std::int64_t cap = cost.token_capacity(cluster);
   auto len = [&](std::int64_t id) { return batch.lengths[static_cast<std::size_t>(id)]; };
-  std::vector<std::int64_t> remaining(batch.size());
-  std::iota(remaining.begin(), remaining.end(), std::int64_t{0});
+  // What waits, as (length, id): the lengths travel with the ids, so the passes below read no length at random.
+  using Waiting = std::pair<std::int64_t, std::int64_t>;
+  std::vector<Waiting> remaining;
+  remaining.reserve(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) remaining.push_back({batch.lengths[i], static_cast<std::int64_t>(i)});
   Plan plan;
   // What waits keeps the tallest-first order, so the sort (a stable one: ties keep their order) is redone only after
   // a call that fell back to one pool-wide group.
   bool sorted = false;
   while (!remaining.empty()) {
-    if (!sorted) remaining = longest_first(batch, remaining);
+    if (!sorted)
+      std::stable_sort(remaining.begin(), remaining.end(),
+                       [](const Waiting& a, const Waiting& b) { return a.first > b.first; });
     sorted = true;
-    MicrobatchFill fill(batch, cluster, cost, len(remaining.front()), len(remaining.back()));
-    std::vector<std::int64_t> leftover;
+    MicrobatchFill fill(cluster, cost, remaining.front().first, remaining.back().first);
+    std::vector<Waiting> leftover;
     // Every remaining sequence is tried once, tallest first. Whether one has an option is monotone in its length
     // (a shorter one fits wherever a taller one does: fewer padded rows, a smaller s^2, more CP sizes), and the
     // state changes only when one is placed, so after a sequence without an option a binary search finds the next
     // one with an option and the ones between wait for the next call: the same microbatch in O(placed log n)
     // option checks instead of one per remaining sequence.
     for (std::size_t k = 0; k < remaining.size(); ++k) {
-      const Option opt = fill.option(len(remaining[k]), k == 0);
+      const Option opt = fill.option(remaining[k].first, k == 0);
       if (opt.kind >= 0) {
-        fill.apply(opt, remaining[k]);
+        fill.apply(opt, remaining[k].second, remaining[k].first);
         continue;
       }
       std::size_t lo = k + 1, hi = remaining.size();
       while (lo < hi) {
         const std::size_t mid = lo + (hi - lo) / 2;
-        if (fill.option(len(remaining[mid]), false).kind >= 0)
+        if (fill.option(remaining[mid].first, false).kind >= 0)
           hi = mid;
         else
           lo = mid + 1;
@@ -236,7 +238,7 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
         if (groups[0].rows + cluster.padded_rows(len(id), P) <= cap)
           add_to(groups[0], id);
         else
-          leftover.push_back(id);
+          leftover.push_back({len(id), id});
       }
     }
     if (groups.empty() || std::all_of(groups.begin(), groups.end(), [](const MGroup& g) { return g.ids.empty(); }))
