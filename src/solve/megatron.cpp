@@ -102,8 +102,12 @@ struct Option {
 struct MicrobatchFill {
   /// `tall` and `shortest`: the longest and shortest remaining sequence (tokens).
   MicrobatchFill(const Cluster& cluster, const CostModel& cost, std::int64_t tall, std::int64_t shortest)
-      : cluster_(cluster), cost_(cost), P_(cluster.num_ranks), cap_(cost.token_capacity(cluster)),
-        shortest_(shortest), cost_cap_(static_cast<double>(tall) * static_cast<double>(cap_) * 1.05),
+      : cluster_(cluster),
+        cost_(cost),
+        P_(cluster.num_ranks),
+        cap_(cost.token_capacity(cluster)),
+        shortest_(shortest),
+        cost_cap_(static_cast<double>(tall) * static_cast<double>(cap_) * 1.05),
         by_size_(static_cast<std::size_t>(P_) + 1) {}
 
   std::int64_t rows(std::int64_t s, int cp) const { return cluster_.padded_rows(s, cp); }
