@@ -1061,19 +1061,9 @@ class Builder {
       placed.push_back({std::move(ranks), seqs_[ring.seq].id, start});
     }
 
-    // 2. shorts: into the tightest gap that holds them, else longest work first onto the rank that finishes first.
-    // The gaps by (room, index), in a sorted vector holding what a fit test reads: the up to 8 tries per short read
-    // contiguous memory (their number grows with the rings, and most are tried by every short); a fill moves one.
-    struct Room {
-      double room;
-      std::size_t gap;
-      std::int64_t rows;  // its bin's rows
-      bool empty;         // its bin is empty (a first sequence pays the group overhead)
-    };
-    auto room_less = [](const Room& a, const Room& b) { return a.room != b.room ? a.room < b.room : a.gap < b.gap; };
-    std::vector<Room> by_room;
-    for (std::size_t g = 0; g < gaps.size(); ++g) by_room.push_back({gaps[g].room, g, 0, true});
-    std::sort(by_room.begin(), by_room.end(), room_less);
+    // 2. shorts: into the tightest gap that holds them, else longest work first onto the rank that finishes first
+    std::multiset<std::pair<double, std::size_t>> by_room;
+    for (std::size_t g = 0; g < gaps.size(); ++g) by_room.insert({gaps[g].room, g});
     std::vector<double> base = scratch.free();
     std::vector<std::vector<Bin>> bins(static_cast<std::size_t>(P));
     std::vector<double> fin = base;
@@ -1087,16 +1077,15 @@ class Builder {
       const Seq& s = seqs_[i];
       bool gapped = false;
       int tries = 0;
-      for (auto it = std::lower_bound(by_room.begin(), by_room.end(), Room{s.work, 0, 0, false}, room_less);
-           it != by_room.end() && tries < 8; ++it, ++tries) {
-        const double need = s.work + (it->empty ? cost_.group_overhead : 0.0);
-        if (need > it->room || it->rows + s.rows1 > cap_) continue;
-        Gap& g = gaps[it->gap];
+      for (auto it = by_room.lower_bound({s.work, 0}); it != by_room.end() && tries < 8; ++it, ++tries) {
+        Gap& g = gaps[it->second];
+        const double need = s.work + (g.bin.seqs.empty() ? cost_.group_overhead : 0.0);
+        if (need > g.room || g.bin.rows + s.rows1 > cap_) continue;
+        const std::size_t gi = it->second;
+        by_room.erase(it);
         g.bin.seqs.push_back(i), g.bin.rows += s.rows1, g.bin.work += s.work;
         g.room -= need;
-        const Room moved{g.room, it->gap, g.bin.rows, false};
-        by_room.erase(it);
-        by_room.insert(std::lower_bound(by_room.begin(), by_room.end(), moved, room_less), moved);
+        by_room.insert({g.room, gi});
         gapped = true;
         break;
       }
