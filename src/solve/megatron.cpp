@@ -178,49 +178,88 @@ struct MicrobatchFill {
   std::vector<std::set<std::pair<double, std::size_t>>> by_size_;
 };
 
+using Waiting = std::pair<std::int64_t, std::int64_t>;  // (length, id)
+
+// The sequences waiting for a microbatch, tallest first (a stable sort by length: ties in id order, or in the order
+// they came back after a fallback): a sorted array whose entries are taken in place, with links to the next and the
+// previous waiting entry (path halving). A microbatch then costs what it places and searches, not a pass over (and a
+// copy of) everything still waiting.
+class WaitingList {
+ public:
+  explicit WaitingList(std::vector<Waiting> items) { reset(std::move(items)); }
+  bool empty() const { return count_ == 0; }
+  std::size_t size() const { return items_.size(); }  // entries, taken ones included
+  std::int64_t length(std::size_t i) const { return items_[i].first; }
+  std::int64_t id(std::size_t i) const { return items_[i].second; }
+  /// The first waiting entry at or after `i` (size() when none).
+  std::size_t next(std::size_t i) {
+    while (next_[i] != i) next_[i] = next_[next_[i]], i = next_[i];
+    return i;
+  }
+  std::size_t first() { return next(0); }
+  /// The last waiting entry (call only when not empty).
+  std::size_t last() {
+    std::size_t i = items_.size();  // prev_ is shifted by one: prev_[i + 1] is entry i, prev_[0] none
+    while (prev_[i] != i) prev_[i] = prev_[prev_[i]], i = prev_[i];
+    return i - 1;
+  }
+  void take(std::size_t i) { next_[i] = i + 1, prev_[i + 1] = i, --count_; }
+  /// Appends `back` after what still waits and sorts again.
+  void requeue(const std::vector<Waiting>& back) {
+    std::vector<Waiting> items;
+    for (std::size_t i = first(); i < size(); i = next(i + 1)) items.push_back(items_[i]);
+    items.insert(items.end(), back.begin(), back.end());
+    reset(std::move(items));
+  }
+
+ private:
+  void reset(std::vector<Waiting> items) {
+    std::stable_sort(items.begin(), items.end(), [](const Waiting& a, const Waiting& b) { return a.first > b.first; });
+    items_ = std::move(items);
+    count_ = items_.size();
+    next_.resize(items_.size() + 1), prev_.resize(items_.size() + 1);
+    std::iota(next_.begin(), next_.end(), std::size_t{0});
+    std::iota(prev_.begin(), prev_.end(), std::size_t{0});
+  }
+  std::vector<Waiting> items_;
+  std::vector<std::size_t> next_, prev_;
+  std::size_t count_ = 0;
+};
+
 }  // namespace
 
 Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options) {
   const int P = cluster.num_ranks;
   const std::int64_t cap = cost.token_capacity(cluster);
   auto len = [&](std::int64_t id) { return batch.lengths[static_cast<std::size_t>(id)]; };
-  // What waits, as (length, id): the lengths travel with the ids, so the passes below read no length at random.
-  using Waiting = std::pair<std::int64_t, std::int64_t>;
-  std::vector<Waiting> remaining;
-  remaining.reserve(batch.size());
-  for (std::size_t i = 0; i < batch.size(); ++i) remaining.push_back({batch.lengths[i], static_cast<std::int64_t>(i)});
+  std::vector<Waiting> all_ids;
+  all_ids.reserve(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) all_ids.push_back({batch.lengths[i], static_cast<std::int64_t>(i)});
+  WaitingList waiting(std::move(all_ids));
   Plan plan;
-  // What waits keeps the tallest-first order, so the sort (a stable one: ties keep their order) is redone only after
-  // a call that fell back to one pool-wide group.
-  bool sorted = false;
-  while (!remaining.empty()) {
-    if (!sorted)
-      std::stable_sort(remaining.begin(), remaining.end(),
-                       [](const Waiting& a, const Waiting& b) { return a.first > b.first; });
-    sorted = true;
-    MicrobatchFill fill(cluster, cost, remaining.front().first, remaining.back().first);
-    std::vector<Waiting> leftover;
-    // Every remaining sequence is tried once, tallest first. Whether one has an option is monotone in its length
-    // (a shorter one fits wherever a taller one does: fewer padded rows, a smaller s^2, more CP sizes), and the
-    // state changes only when one is placed, so after a sequence without an option a binary search finds the next
-    // one with an option and the ones between wait for the next call: the same microbatch in O(placed log n)
-    // option checks instead of one per remaining sequence.
-    for (std::size_t k = 0; k < remaining.size(); ++k) {
-      const Option opt = fill.option(remaining[k].first, k == 0);
-      if (opt.kind >= 0) {
-        fill.apply(opt, remaining[k].second, remaining[k].first);
+  while (!waiting.empty()) {
+    MicrobatchFill fill(cluster, cost, waiting.length(waiting.first()), waiting.length(waiting.last()));
+    // Every waiting sequence is tried once, tallest first. Whether one has an option is monotone in its length (a
+    // shorter one fits wherever a taller one does: fewer padded rows, a smaller s^2, more CP sizes), and the state
+    // changes only when one is placed, so after a sequence without an option a binary search finds the next one with
+    // an option, and the ones between wait for the next call untouched: the same microbatch in O(placed log n)
+    // steps instead of one per waiting sequence. (The search runs over every entry of the sorted list, placed ones
+    // included: their lengths keep the order, and the first waiting entry from its answer on is the one sought.)
+    bool first = true;
+    for (std::size_t k = waiting.first(); k < waiting.size(); k = waiting.next(k + 1), first = false) {
+      if (const Option opt = fill.option(waiting.length(k), first); opt.kind >= 0) {
+        fill.apply(opt, waiting.id(k), waiting.length(k));
+        waiting.take(k);
         continue;
       }
-      std::size_t lo = k + 1, hi = remaining.size();
+      std::size_t lo = k + 1, hi = waiting.size();
       while (lo < hi) {
         const std::size_t mid = lo + (hi - lo) / 2;
-        if (fill.option(remaining[mid].first, false).kind >= 0)
+        if (fill.option(waiting.length(mid), false).kind >= 0)
           hi = mid;
         else
           lo = mid + 1;
       }
-      leftover.insert(leftover.end(), remaining.begin() + static_cast<std::ptrdiff_t>(k),
-                      remaining.begin() + static_cast<std::ptrdiff_t>(lo));
       k = lo - 1;
     }
     std::vector<MGroup> groups = std::move(fill.groups);
@@ -232,25 +271,26 @@ Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost,
     };
     // Fill empty ranks by doubling the smallest group (first of that size).
     if (!fill_by_doubling(groups, P)) {
-      // Fallback: one group of all P ranks holding what fits at CP = P; the rest waits (out of order).
-      sorted = false;
+      // Fallback: one group of all P ranks holding what fits at CP = P; the rest waits (after what waited, then the
+      // list is sorted again).
       std::vector<std::int64_t> all;
       for (const auto& g : groups) all.insert(all.end(), g.ids.begin(), g.ids.end());
       all = longest_first(batch, all);
       groups.assign(1, MGroup{P, {}, 0, 0, 0.0});
+      std::vector<Waiting> back;
       for (auto id : all) {
         if (groups[0].rows + cluster.padded_rows(len(id), P) <= cap)
           add_to(groups[0], id);
         else
-          leftover.push_back({len(id), id});
+          back.push_back({len(id), id});
       }
+      waiting.requeue(back);
     }
     if (groups.empty() || std::all_of(groups.begin(), groups.end(), [](const MGroup& g) { return g.ids.empty(); }))
       throw Error("megatron: no sequence could be placed in a microbatch (capacity too small for the pool)");
     // Aligned contiguous layout: largest groups first.
     std::stable_sort(groups.begin(), groups.end(), [](const MGroup& a, const MGroup& b) { return a.size > b.size; });
     plan.microbatches.push_back(lay_out(std::move(groups)));
-    remaining = std::move(leftover);
   }
   if (options.vpp > 1 && options.pp > 1) {
     // Interleaved 1F1B runs microbatches in groups of pp per virtual stage: split microbatches, from the last one
