@@ -53,8 +53,31 @@ void grid(benchmark::internal::Benchmark* b) {
     for (int P : {64, 256, 1024}) b->Args({gbs, P});
 }
 
+// pp = 1 scaling with the batch size (issue 26): one long-tailed batch of state.range(0) sequences on 1,024 ranks
+// (8 per node), planned by `dynacp` (which runs every other strategy as a candidate too). items_per_second (sequences
+// planned per second) should stay about flat from 100k to 1M sequences.
+void scaling(benchmark::State& state) {
+  const auto n = static_cast<int>(state.range(0));
+  Cluster cluster;
+  cluster.num_ranks = 1024;
+  cluster.ranks_per_node = 8;
+  const CostModel cost;
+  PlanOptions opt;
+  opt.strategy = "dynacp";
+  const Batch batch = long_tailed(n, 2026);
+  double gap = 0;
+  for (auto _ : state) {
+    const Plan p = plan(batch, cluster, cost, opt);
+    gap += p.predicted.step_time / p.predicted.lower_bound - 1;
+    benchmark::DoNotOptimize(p.microbatches.data());
+  }
+  state.counters["gap_to_lb"] = gap / static_cast<double>(state.iterations());
+  state.SetItemsProcessed(static_cast<std::int64_t>(n) * static_cast<std::int64_t>(state.iterations()));
+}
+
 }  // namespace
 
+BENCHMARK(scaling)->Arg(100000)->Arg(300000)->Arg(1000000)->Unit(benchmark::kMillisecond)->Iterations(1);
 BENCHMARK_CAPTURE(run, packing, "packing")->Apply(grid)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(run, fcp, "fcp")->Apply(grid)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(run, megatron, "megatron")->Apply(grid)->Unit(benchmark::kMillisecond);

@@ -19,6 +19,7 @@
 #include <set>
 
 #include "dynacp/model/error.hpp"
+#include "dynacp/solve/packing.hpp"
 #include "dynacp/solve/strategies.hpp"
 
 namespace dynacp::solve {
@@ -87,104 +88,209 @@ std::vector<std::vector<Group>> split_microbatch(const std::vector<Group>& slot,
   return {lay_out(std::move(right)), lay_out(std::move(left))};
 }
 
+// One option for a sequence in the microbatch being filled: add it to a group (kind 0), open a new group (1), or
+// none (-1).
+struct Option {
+  int kind = -1;
+  std::size_t group = 0;
+  int cp = 0;
+  double score = 0.0;
+};
+
+// The groups of one microbatch while it fills (Megatron-Core's per-call state): the option a sequence would take and
+// its placement.
+struct MicrobatchFill {
+  /// `tall` and `shortest`: the longest and shortest remaining sequence (tokens).
+  MicrobatchFill(const Cluster& cluster, const CostModel& cost, std::int64_t tall, std::int64_t shortest)
+      : cluster_(cluster),
+        cost_(cost),
+        P_(cluster.num_ranks),
+        cap_(cost.token_capacity(cluster)),
+        shortest_(shortest),
+        cost_cap_(static_cast<double>(tall) * static_cast<double>(cap_) * 1.05),
+        by_size_(static_cast<std::size_t>(P_) + 1) {}
+
+  std::int64_t rows(std::int64_t s, int cp) const { return cluster_.padded_rows(s, cp); }
+  int cp_min(std::int64_t s) const {
+    const int c = pow2_at_least(cost_.min_degree(s, cluster_));
+    return c <= P_ ? c : P_;
+  }
+
+  /// The best option for a sequence of `s` tokens (the microbatch's first, `first`, takes its minimum degree even
+  /// over the cost cap): options are scored by the projected global max of sum s^2 / cp and must stay under 1.05 x
+  /// tall x capacity; ties favour smaller cp and "add".
+  Option option(std::int64_t s, bool first) const {
+    const double s2 = static_cast<double>(s) * static_cast<double>(s);
+    Option best;
+    for (int cp = cp_min(s); cp <= P_; cp = (cp == P_ ? P_ + 1 : std::min(cp * 2, P_))) {
+      if (!first) {
+        // the score grows with the group's sum s^2, so the first group with token room is the best "add"
+        for (const auto& [sq, gi] : by_size_[static_cast<std::size_t>(cp)]) {
+          const MGroup& g = groups[gi];
+          if (g.rows + rows(s, cp) > cap_) continue;
+          const double score = std::max(global_max_, (g.sq + s2) / cp);
+          if (score <= cost_cap_ && (best.kind < 0 || score < best.score)) best = {0, gi, cp, score};
+          break;
+        }
+      }
+      if (used_ + cp <= P_ && rows(s, cp) <= cap_) {
+        const double score = std::max(global_max_, s2 / cp);
+        if ((score <= cost_cap_ || first) && (best.kind < 0 || score < best.score)) best = {1, 0, cp, score};
+      }
+      if (first && best.kind >= 0) break;  // the tallest takes its minimum degree
+      if (cp == P_) break;
+    }
+    return best;
+  }
+
+  /// Places sequence `id` of `s` tokens as `opt` says (opt.kind >= 0).
+  void apply(const Option& opt, std::int64_t id, std::int64_t s) {
+    std::size_t gi = opt.group;
+    auto& set = by_size_[static_cast<std::size_t>(opt.cp)];
+    if (opt.kind == 0) {
+      set.erase({groups[gi].sq, gi});
+    } else {
+      groups.push_back({opt.cp, {}, 0, 0, 0.0});
+      used_ += opt.cp;
+      gi = groups.size() - 1;
+    }
+    MGroup& g = groups[gi];
+    g.ids.push_back(id);
+    g.tokens += s;
+    g.rows += rows(s, g.size);
+    g.sq += static_cast<double>(s) * static_cast<double>(s);
+    global_max_ = std::max(global_max_, g.cost());
+    // a group that cannot take even the shortest remaining sequence leaves the "add" candidates
+    if (cap_ - g.rows >= rows(shortest_, g.size)) set.insert({g.sq, gi});
+  }
+
+  std::vector<MGroup> groups;
+
+ private:
+  const Cluster& cluster_;
+  const CostModel& cost_;
+  int P_;
+  std::int64_t cap_, shortest_;
+  double cost_cap_;
+  int used_ = 0;
+  double global_max_ = 0.0;
+  // groups of each CP size, by their sum s^2 (the least loaded first; ties by creation order)
+  std::vector<std::set<std::pair<double, std::size_t>>> by_size_;
+};
+
+using Waiting = std::pair<std::int64_t, std::int64_t>;  // (length, id)
+
+// The sequences waiting for a microbatch, tallest first (a stable sort by length: ties in id order, or in the order
+// they came back after a fallback): a sorted array whose entries are taken in place, with links to the next and the
+// previous waiting entry (path halving). A microbatch then costs what it places and searches, not a pass over (and a
+// copy of) everything still waiting.
+class WaitingList {
+ public:
+  explicit WaitingList(std::vector<Waiting> items) { reset(std::move(items)); }
+  bool empty() const { return count_ == 0; }
+  std::size_t size() const { return items_.size(); }  // entries, taken ones included
+  std::int64_t length(std::size_t i) const { return items_[i].first; }
+  std::int64_t id(std::size_t i) const { return items_[i].second; }
+  /// The first waiting entry at or after `i` (size() when none).
+  std::size_t next(std::size_t i) {
+    while (next_[i] != i) next_[i] = next_[next_[i]], i = next_[i];
+    return i;
+  }
+  std::size_t first() { return next(0); }
+  /// The last waiting entry (call only when not empty).
+  std::size_t last() {
+    std::size_t i = items_.size();  // prev_ is shifted by one: prev_[i + 1] is entry i, prev_[0] none
+    while (prev_[i] != i) prev_[i] = prev_[prev_[i]], i = prev_[i];
+    return i - 1;
+  }
+  void take(std::size_t i) { next_[i] = i + 1, prev_[i + 1] = i, --count_; }
+  /// Appends `back` after what still waits and sorts again.
+  void requeue(const std::vector<Waiting>& back) {
+    std::vector<Waiting> items;
+    for (std::size_t i = first(); i < size(); i = next(i + 1)) items.push_back(items_[i]);
+    items.insert(items.end(), back.begin(), back.end());
+    reset(std::move(items));
+  }
+
+ private:
+  void reset(std::vector<Waiting> items) {
+    std::stable_sort(items.begin(), items.end(), [](const Waiting& a, const Waiting& b) { return a.first > b.first; });
+    items_ = std::move(items);
+    count_ = items_.size();
+    next_.resize(items_.size() + 1), prev_.resize(items_.size() + 1);
+    std::iota(next_.begin(), next_.end(), std::size_t{0});
+    std::iota(prev_.begin(), prev_.end(), std::size_t{0});
+  }
+  std::vector<Waiting> items_;
+  std::vector<std::size_t> next_, prev_;
+  std::size_t count_ = 0;
+};
+
 }  // namespace
 
 Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options) {
   const int P = cluster.num_ranks;
   const std::int64_t cap = cost.token_capacity(cluster);
   auto len = [&](std::int64_t id) { return batch.lengths[static_cast<std::size_t>(id)]; };
-  auto rows = [&](std::int64_t s, int cp) { return cluster.padded_rows(s, cp); };
-  auto cp_min = [&](std::int64_t s) {
-    const int c = pow2_at_least(cost.min_degree(s, cluster));
-    return c <= P ? c : P;
-  };
-  std::vector<std::int64_t> remaining(batch.size());
-  std::iota(remaining.begin(), remaining.end(), std::int64_t{0});
+  std::vector<Waiting> all_ids;
+  all_ids.reserve(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) all_ids.push_back({batch.lengths[i], static_cast<std::int64_t>(i)});
+  WaitingList waiting(std::move(all_ids));
   Plan plan;
-  while (!remaining.empty()) {
-    std::stable_sort(remaining.begin(), remaining.end(),
-                     [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
-    const std::int64_t tall = len(remaining.front());
-    const double cost_cap = static_cast<double>(tall) * static_cast<double>(cap) * 1.05;
-    std::vector<MGroup> groups;
-    // groups of each CP size, by their sum s^2 (the least loaded first; ties by creation order)
-    std::vector<std::set<std::pair<double, std::size_t>>> by_size(static_cast<std::size_t>(P) + 1);
-    int used = 0;
-    double global_max = 0.0;
-    std::vector<std::int64_t> leftover;
+  while (!waiting.empty()) {
+    MicrobatchFill fill(cluster, cost, waiting.length(waiting.first()), waiting.length(waiting.last()));
+    // Every waiting sequence is tried once, tallest first. Whether one has an option is monotone in its length (a
+    // shorter one fits wherever a taller one does: fewer padded rows, a smaller s^2, more CP sizes), and the state
+    // changes only when one is placed, so after a sequence without an option a binary search finds the next one with
+    // an option, and the ones between wait for the next call untouched: the same microbatch in O(placed log n)
+    // steps instead of one per waiting sequence. (The search runs over every entry of the sorted list, placed ones
+    // included: their lengths keep the order, and the first waiting entry from its answer on is the one sought.)
+    bool first = true;
+    for (std::size_t k = waiting.first(); k < waiting.size(); k = waiting.next(k + 1), first = false) {
+      if (const Option opt = fill.option(waiting.length(k), first); opt.kind >= 0) {
+        fill.apply(opt, waiting.id(k), waiting.length(k));
+        waiting.take(k);
+        continue;
+      }
+      std::size_t lo = k + 1, hi = waiting.size();
+      while (lo < hi) {
+        const std::size_t mid = lo + (hi - lo) / 2;
+        if (fill.option(waiting.length(mid), false).kind >= 0)
+          hi = mid;
+        else
+          lo = mid + 1;
+      }
+      k = lo - 1;
+    }
+    std::vector<MGroup> groups = std::move(fill.groups);
     auto add_to = [&](MGroup& g, std::int64_t id) {
       g.ids.push_back(id);
       g.tokens += len(id);
-      g.rows += rows(len(id), g.size);
+      g.rows += cluster.padded_rows(len(id), g.size);
       g.sq += static_cast<double>(len(id)) * static_cast<double>(len(id));
-      global_max = std::max(global_max, g.cost());
     };
-    // a group that cannot take even the shortest remaining sequence leaves the "add" candidates
-    const std::int64_t shortest = len(remaining.back());
-    auto has_room = [&](const MGroup& g) { return cap - g.rows >= rows(shortest, g.size); };
-    for (std::size_t k = 0; k < remaining.size(); ++k) {
-      const std::int64_t id = remaining[k];
-      const std::int64_t s = len(id);
-      const double s2 = static_cast<double>(s) * static_cast<double>(s);
-      int best_kind = -1;  // 0 = add, 1 = new
-      std::size_t best_group = 0;
-      int best_cp = 0;
-      double best_score = 0.0;
-      for (int cp = cp_min(s); cp <= P; cp = (cp == P ? P + 1 : std::min(cp * 2, P))) {
-        if (k > 0) {
-          // the score grows with the group's sum s^2, so the first group with token room is the best "add"
-          for (const auto& [sq, gi] : by_size[static_cast<std::size_t>(cp)]) {
-            const MGroup& g = groups[gi];
-            if (g.rows + rows(s, cp) > cap) continue;
-            const double score = std::max(global_max, (g.sq + s2) / cp);
-            if (score <= cost_cap && (best_kind < 0 || score < best_score))
-              best_kind = 0, best_group = gi, best_cp = cp, best_score = score;
-            break;
-          }
-        }
-        if (used + cp <= P && rows(s, cp) <= cap) {
-          const double score = std::max(global_max, s2 / cp);
-          if ((score <= cost_cap || k == 0) && (best_kind < 0 || score < best_score))
-            best_kind = 1, best_cp = cp, best_score = score;
-        }
-        if (k == 0 && best_kind >= 0) break;  // the tallest takes its minimum degree
-        if (cp == P) break;
-      }
-      if (best_kind == 0) {
-        auto& set = by_size[static_cast<std::size_t>(best_cp)];
-        set.erase({groups[best_group].sq, best_group});
-        add_to(groups[best_group], id);
-        if (has_room(groups[best_group])) set.insert({groups[best_group].sq, best_group});
-      } else if (best_kind == 1) {
-        groups.push_back({best_cp, {}, 0, 0, 0.0});
-        used += best_cp;
-        add_to(groups.back(), id);
-        if (has_room(groups.back()))
-          by_size[static_cast<std::size_t>(best_cp)].insert({groups.back().sq, groups.size() - 1});
-      } else {
-        leftover.push_back(id);
-      }
-    }
     // Fill empty ranks by doubling the smallest group (first of that size).
     if (!fill_by_doubling(groups, P)) {
-      // Fallback: one group of all P ranks holding what fits at CP = P; the rest waits.
+      // Fallback: one group of all P ranks holding what fits at CP = P; the rest waits (after what waited, then the
+      // list is sorted again).
       std::vector<std::int64_t> all;
       for (const auto& g : groups) all.insert(all.end(), g.ids.begin(), g.ids.end());
-      std::stable_sort(all.begin(), all.end(), [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
+      all = longest_first(batch, all);
       groups.assign(1, MGroup{P, {}, 0, 0, 0.0});
+      std::vector<Waiting> back;
       for (auto id : all) {
-        if (groups[0].rows + rows(len(id), P) <= cap)
+        if (groups[0].rows + cluster.padded_rows(len(id), P) <= cap)
           add_to(groups[0], id);
         else
-          leftover.push_back(id);
+          back.push_back({len(id), id});
       }
+      waiting.requeue(back);
     }
     if (groups.empty() || std::all_of(groups.begin(), groups.end(), [](const MGroup& g) { return g.ids.empty(); }))
       throw Error("megatron: no sequence could be placed in a microbatch (capacity too small for the pool)");
     // Aligned contiguous layout: largest groups first.
     std::stable_sort(groups.begin(), groups.end(), [](const MGroup& a, const MGroup& b) { return a.size > b.size; });
     plan.microbatches.push_back(lay_out(std::move(groups)));
-    remaining = std::move(leftover);
   }
   if (options.vpp > 1 && options.pp > 1) {
     // Interleaved 1F1B runs microbatches in groups of pp per virtual stage: split microbatches, from the last one

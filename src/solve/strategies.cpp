@@ -53,8 +53,9 @@ Plan packing(const Batch& batch, const Cluster& cluster, const CostModel& cost, 
 Plan fcp(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions&) {
   Plan plan;
   const auto ids = all_ids(batch);
-  for (const auto& wave : split_waves(batch, cost, cluster, ids)) {
-    const auto groups = best_fit_decreasing(batch, cost, cluster, wave);
+  std::vector<std::vector<AtomicGroup>> packed;  // each wave's atomic groups, from split_waves
+  split_waves(batch, cost, cluster, ids, &packed);
+  for (const auto& groups : packed) {
     DegreeProblem prob;
     prob.ranks = cluster.num_ranks;
     for (const auto& g : groups) {

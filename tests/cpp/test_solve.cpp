@@ -135,6 +135,72 @@ TEST(Packing, FirstFitAndBestFitDecreasingByHand) {
   EXPECT_EQ(g[0].stats.tokens, 290);
 }
 
+// The packers keep their definitions while their data structures changed (issue 26: first fit on a max-tree, best fit
+// on per-degree ordered sets, longest_first on contiguous keys): each is checked against the plain O(n x packs)
+// loop of its definition on random batches with padding, multi-rank sequences and ties.
+TEST(Packing, FastPackersMatchTheirDefinitionsOnRandomBatches) {
+  std::mt19937_64 rng(2026);
+  CostModel cost;
+  for (int trial = 0; trial < 60; ++trial) {
+    const std::int64_t cap = 64 + static_cast<std::int64_t>(rng() % 400);
+    Cluster c = make_cluster(16, 4, cap, cost);
+    c.seq_pad_multiple = 1 + static_cast<int>(rng() % 4);
+    const int n = 1 + static_cast<int>(rng() % 300);
+    Batch b;
+    for (int i = 0; i < n; ++i)  // a few lengths only, so ties are common; some need 2-4 ranks
+      b.lengths.push_back(rng() % 7 == 0 ? cap + static_cast<std::int64_t>(rng() % (3 * cap))
+                                         : 1 + static_cast<std::int64_t>(rng() % 40) * cap / 40);
+    std::vector<std::int64_t> ids(b.size());
+    std::iota(ids.begin(), ids.end(), std::int64_t{0});
+    std::shuffle(ids.begin(), ids.end(), rng);
+    // longest_first is a stable sort by length, descending
+    auto stable = ids;
+    std::stable_sort(stable.begin(), stable.end(), [&](std::int64_t x, std::int64_t y) {
+      return b.lengths[static_cast<std::size_t>(x)] > b.lengths[static_cast<std::size_t>(y)];
+    });
+    EXPECT_EQ(longest_first(b, ids), stable);
+    // first fit: each sequence, in the given order, into the first pack with room for its padded rows
+    const int degree = 6;
+    std::vector<std::vector<std::int64_t>> packs;
+    std::vector<std::int64_t> free;
+    for (auto id : ids) {
+      const std::int64_t rows = c.padded_rows(b.lengths[static_cast<std::size_t>(id)], degree);
+      std::size_t k = 0;
+      while (k < packs.size() && free[k] < rows) ++k;
+      if (k == packs.size()) packs.emplace_back(), free.push_back(cost.token_capacity(c));
+      packs[k].push_back(id), free[k] -= rows;
+    }
+    EXPECT_EQ(first_fit(b, ids, c, degree, cost.token_capacity(c)), packs) << "trial " << trial;
+    // best fit decreasing: longest first (ties by id); a multi-rank sequence opens a group; a one-rank sequence
+    // goes to the group with the least room (free rows x min degree) that holds it padded, the earliest on ties
+    std::vector<std::int64_t> order(b.size());
+    std::iota(order.begin(), order.end(), std::int64_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](std::int64_t x, std::int64_t y) {
+      return b.lengths[static_cast<std::size_t>(x)] > b.lengths[static_cast<std::size_t>(y)];
+    });
+    std::vector<std::vector<std::int64_t>> groups;
+    std::vector<int> dmins;
+    free.clear();
+    for (auto id : order) {
+      const std::int64_t len = b.lengths[static_cast<std::size_t>(id)];
+      const int dmin = cost.min_degree(len, c);
+      std::size_t best = groups.size();
+      for (std::size_t k = 0; dmin == 1 && k < groups.size(); ++k)
+        if (free[k] >= c.padded_rows(len, dmins[k]) &&
+            (best == groups.size() || free[k] * dmins[k] < free[best] * dmins[best]))
+          best = k;
+      if (best == groups.size()) groups.emplace_back(), dmins.push_back(dmin), free.push_back(cost.token_capacity(c));
+      groups[best].push_back(id), free[best] -= c.padded_rows(len, dmins[best]);
+    }
+    const auto got = best_fit_decreasing(b, cost, c, ids);
+    ASSERT_EQ(got.size(), groups.size()) << "trial " << trial;
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      EXPECT_EQ(got[k].ids, groups[k]) << "trial " << trial << " group " << k;
+      EXPECT_EQ(got[k].min_degree, dmins[k]);
+    }
+  }
+}
+
 TEST(Placement, NodeContiguousWherePossible) {
   Cluster c;
   c.num_ranks = 16;

@@ -93,7 +93,7 @@ def test_cli_solver_options_and_families_in_compare_json(tmp_path, capsys):
     capsys.readouterr()
     assert main(["compare", "--batches", "2", "--gbs", "64", "--ranks", "16", "--json", "--threads", "2"]) == 0
     result = json.loads(capsys.readouterr().out)
-    wins = result["strategies"]["dynacp"]["families"]
+    wins = result["strategies"]["dynacp"]["batches_won_by_family"]
     assert sum(wins.values()) == 2 and set(wins) <= set(dynacp.dynacp_families())
-    assert result["strategies"]["packing"]["families"] == {}
+    assert result["strategies"]["packing"]["batches_won_by_family"] == {}
     assert main(["plan", "--gbs", "8", "--time-limit", "0", "--out", str(out)]) == 2

@@ -151,7 +151,7 @@ def test_json_has_run_metadata_and_units_in_key_names(capsys) -> None:
     assert meta["lengths_source"] == {"kind": "distribution", "name": "wikipedia", "seed": 0}
     assert meta["dynacp_version"] == dynacp.__version__ and meta["python_version"] and meta["numpy_version"]
     unitless = {"error", "speedup_vs_packing", "gap_to_lower_bound", "max_over_mean_rank_time", "microbatches_mean",
-                "peak_tokens_per_rank"}  # ratios and counts; their unit is in "columns"
+                "peak_tokens_per_rank", "batches_won_by_family"}  # ratios and counts; their unit is in "columns"
     for row in res["strategies"].values():
         for key in row:
             assert key in unitless or key.endswith("_ms"), key

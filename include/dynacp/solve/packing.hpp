@@ -18,6 +18,11 @@ struct AtomicGroup {
   int min_degree = 1;
 };
 
+/// `ids` longest first, equal lengths in their order in `ids`: std::stable_sort by length, descending, done as a sort
+/// of contiguous (length, position) keys so that no comparison reads the batch (large batches: far fewer cache
+/// misses).
+std::vector<std::int64_t> longest_first(const Batch& batch, std::span<const std::int64_t> ids);
+
 /// First-fit in the given order into packs for rings of `degree` ranks holding at most `capacity` padded rows per
 /// rank (Cluster::padded_rows; a pack is opened when nothing fits). Throws InvalidArgument if one sequence exceeds
 /// the capacity.
@@ -32,8 +37,10 @@ std::vector<AtomicGroup> best_fit_decreasing(const Batch& batch, const CostModel
                                              std::span<const std::int64_t> ids);
 
 /// Splits `ids` into waves whose atomic groups fit the pool (sum of min degrees <= P), balancing tokens across
-/// waves (largest first into the lightest wave). Returns the fewest waves found this way.
+/// waves (largest first into the lightest wave). Returns the fewest waves found this way (each wave's ids sorted)
+/// and, when `groups` is given, each wave's atomic groups (best_fit_decreasing of the wave) there.
 std::vector<std::vector<std::int64_t>> split_waves(const Batch& batch, const CostModel& cost, const Cluster& cluster,
-                                                   std::span<const std::int64_t> ids);
+                                                   std::span<const std::int64_t> ids,
+                                                   std::vector<std::vector<AtomicGroup>>* groups = nullptr);
 
 }  // namespace dynacp::solve

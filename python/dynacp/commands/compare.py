@@ -151,7 +151,8 @@ def run_comparison(args: argparse.Namespace) -> Comparison:
     out: Dict[str, Dict[str, Any]] = {}
     for name in names:
         if name in errors:
-            out[name] = {"error": errors[name], **{k: None for k in KEYS}, "lower_bound_ms": None, "families": {}}
+            out[name] = {"error": errors[name], **{k: None for k in KEYS}, "lower_bound_ms": None,
+                         "batches_won_by_family": {}}
             continue
         families = [f for f in rows[name].pop("families") if f]
         r = {k: np.asarray(v) for k, v in rows[name].items()}
@@ -165,7 +166,7 @@ def run_comparison(args: argparse.Namespace) -> Comparison:
             "microbatches_mean": _finite(r["mb"].mean()),
             "median_solve_ms": _finite(np.median(r["solve"])),
             "lower_bound_ms": _finite(r["lb"].mean() * 1e3),
-            "families": {f: families.count(f) for f in sorted(set(families))},
+            "batches_won_by_family": {f: families.count(f) for f in sorted(set(families))},
         }
     lbs = [r["lower_bound_ms"] for r in out.values() if r.get("lower_bound_ms") is not None]
     result = {
@@ -173,7 +174,8 @@ def run_comparison(args: argparse.Namespace) -> Comparison:
         "columns": {key: text for _, key, text in COLUMNS} | {
             "lower_bound_ms": "no plan of the batch can be faster (milliseconds, predicted), mean over the batches",
             "error": "null, or why the strategy failed (then every number is null)",
-            "families": "dynacp only: how many batches each candidate family won (dynacp.dynacp_families())"},
+            "batches_won_by_family": "dynacp only: how many batches each candidate family won "
+                                     "(dynacp.dynacp_families())"},
         "lower_bound_ms": lbs[0] if lbs else None,
         "strategies": out,
     }

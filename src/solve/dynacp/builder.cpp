@@ -2,7 +2,9 @@
 #include "builder.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
+#include <unordered_map>
 
 #include "dynacp/model/error.hpp"
 
@@ -83,7 +85,17 @@ std::vector<std::size_t> own_order(const std::vector<double>& w, OwnOrder order,
 Builder::Builder(const Batch& b, const Cluster& c, const CostModel& m, const DynacpTuning& tuning)
     : batch_(b), cluster_(c), cost_(m), tuning_(tuning) {
   cap_ = cost_.token_capacity(cluster_);
+  // Sequences of one length and mask share every field but the id (piece_minima alone takes a few dozen cost
+  // evaluations): each distinct pair is computed once and copied. (The map is only looked up, never iterated.)
+  std::unordered_map<std::int64_t, std::size_t> first_of[2];  // per mask: length -> its first sequence's index
   for (std::size_t i = 0; i < b.size(); ++i) {
+    const auto [it, fresh] = first_of[b.mask(i) == Mask::Full ? 1 : 0].try_emplace(b.lengths[i], seqs_.size());
+    if (!fresh) {
+      Seq q = seqs_[it->second];
+      q.id = static_cast<std::int64_t>(i);
+      seqs_.push_back(q);
+      continue;
+    }
     const double eta = cost_.eta(b.mask(i));
     Seq q{static_cast<std::int64_t>(i), b.lengths[i], eta, cost_.work(b.lengths[i], b.mask(i)),
           cost_.min_degree(b.lengths[i], cluster_)};
@@ -96,11 +108,14 @@ Builder::Builder(const Batch& b, const Cluster& c, const CostModel& m, const Dyn
     q.t1 = time1(q, 1);
     seqs_.push_back(q);
   }
+  // longest work first, ties by index: sorted as contiguous (-work, index) keys, the same order without a random
+  // read of seqs_ per comparison
+  std::vector<std::pair<double, std::size_t>> keys(seqs_.size());
+  for (std::size_t i = 0; i < seqs_.size(); ++i) keys[i] = {-seqs_[i].work, i};
+  std::sort(keys.begin(), keys.end());
   order_.resize(seqs_.size());
-  std::iota(order_.begin(), order_.end(), std::size_t{0});
-  std::stable_sort(order_.begin(), order_.end(), [&](std::size_t x, std::size_t y) {
-    return seqs_[x].work != seqs_[y].work ? seqs_[x].work > seqs_[y].work : x < y;
-  });
+  for (std::size_t k = 0; k < keys.size(); ++k) order_[k] = keys[k].second;
+  for (const auto& q : seqs_) ring_t1_.push_back(q.dmin > 1 ? std::numeric_limits<double>::infinity() : q.t1);
 }
 
 double Builder::time1(const Seq& s, int d) const {
@@ -151,8 +166,8 @@ double Builder::largest_work() const { return order_.empty() ? 0.0 : seqs_[order
 
 std::vector<std::pair<std::size_t, int>> Builder::signature(double tau) const {
   std::vector<std::pair<std::size_t, int>> sig;
-  for (std::size_t i = 0; i < seqs_.size(); ++i)
-    if (seqs_[i].dmin > 1 || seqs_[i].t1 > tau) sig.push_back({i, degree_for(seqs_[i], tau)});
+  for (std::size_t i = 0; i < ring_t1_.size(); ++i)  // = seqs_[i].dmin > 1 || seqs_[i].t1 > tau, read compactly
+    if (ring_t1_[i] > tau) sig.push_back({i, degree_for(seqs_[i], tau)});
   return sig;
 }
 
@@ -160,7 +175,9 @@ std::vector<std::pair<std::size_t, int>> Builder::signature(double tau) const {
 // tau, the rings sorted by `ring_order`: 0 largest area T d, 1 longest, 2 widest.
 void Builder::classify(const std::vector<std::size_t>& ids, double tau, int ring_order,
                        std::vector<std::size_t>& shorts, std::vector<Ring>& rings) const {
-  for (std::size_t i : ids) {
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const std::size_t i = ids[k];
+    if (k + kAhead < ids.size()) __builtin_prefetch(&seqs_[ids[k + kAhead]]);
     const Seq& q = seqs_[i];
     if (q.dmin == 1 && q.t1 <= tau) {
       shorts.push_back(i);

@@ -167,6 +167,9 @@ class Builder {
   std::int64_t cap_ = 0;
   std::vector<Seq> seqs_;
   std::vector<std::size_t> order_;  // by work, heaviest first (ties: lower index)
+  std::vector<double> ring_t1_;     // per sequence: t1, or infinity when dmin > 1 (it rings at every tau): signature()
+  /// Loops over many sequences in order_'s order read seqs_ at random: they prefetch this many ahead.
+  static constexpr std::size_t kAhead = 16;
 };
 
 }  // namespace dynacp::solve::dyn

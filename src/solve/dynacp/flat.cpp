@@ -79,10 +79,13 @@ struct FlatBuild {
     for (std::size_t g = 0; g < gaps.size(); ++g) by_room.insert({gaps[g].room, g});
     bins.assign(static_cast<std::size_t>(P), {});
     fin = base;
+    std::vector<double> closed = base;  // finish() summed up to each rank's open (last) bin, so a short costs O(1)
     using Item = std::pair<double, int>;
     std::priority_queue<Item, std::vector<Item>, std::greater<>> heap;
     for (int r = 0; r < P; ++r) heap.push({fin[static_cast<std::size_t>(r)], r});
-    for (std::size_t i : shorts) {
+    for (std::size_t k = 0; k < shorts.size(); ++k) {
+      const std::size_t i = shorts[k];
+      if (k + Builder::kAhead < shorts.size()) __builtin_prefetch(&b.seqs_[shorts[k + Builder::kAhead]]);
       const Seq& s = b.seqs_[i];
       bool gapped = false;
       int tries = 0;
@@ -103,9 +106,14 @@ struct FlatBuild {
       const int r = heap.top().second;
       heap.pop();
       auto& rb = bins[static_cast<std::size_t>(r)];
-      if (rb.empty() || rb.back().rows + s.rows1 > b.cap_) rb.emplace_back();
+      if (rb.empty() || rb.back().rows + s.rows1 > b.cap_) {
+        if (!rb.empty()) closed[static_cast<std::size_t>(r)] += rb.back().work + b.cost_.group_overhead;
+        rb.emplace_back();
+      }
       b.add_to(rb.back(), i);
-      fin[static_cast<std::size_t>(r)] = b.finish(base[static_cast<std::size_t>(r)], rb);
+      // = finish(base[r], rb): the same additions in the same order
+      fin[static_cast<std::size_t>(r)] =
+          closed[static_cast<std::size_t>(r)] + (rb.back().work + b.cost_.group_overhead);
       heap.push({fin[static_cast<std::size_t>(r)], r});
     }
   }
