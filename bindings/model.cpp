@@ -58,6 +58,8 @@ void bind_model(py::module_& m) {
       .add("doc_hop_overhead", &CostModel::doc_hop_overhead, "c_hop: seconds per sequence per ring hop (d - 1 hops)")
       .add("doc_solo_overhead", &CostModel::doc_solo_overhead,
            "c_solo: seconds per sequence of a group on one rank (d = 1)")
+      .add("comm_overlap", &CostModel::comm_overlap,
+           "phi: share of min(attention, exchange) hidden behind attention, in [0, 1] (1 = classic form)")
       .done();
   cost.def_property_readonly("extended", &CostModel::extended,
                              "True when a per-document (extended-form) coefficient is non-zero.");

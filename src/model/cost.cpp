@@ -37,6 +37,9 @@ void CostModel::validate() const {
   check("doc_overhead", doc_overhead);
   check("doc_hop_overhead", doc_hop_overhead);
   check("doc_solo_overhead", doc_solo_overhead);
+  check("comm_overlap", comm_overlap);
+  if (comm_overlap > 1)
+    invalid("CostModel.comm_overlap is ", comm_overlap, "; it is the share of the exchange hidden, in [0, 1]");
   if (!(mem_per_token > 0)) invalid("CostModel.mem_per_token is ", mem_per_token, "; it must be > 0");
 }
 
@@ -78,7 +81,7 @@ double CostModel::comm_time(const GroupStats& g, int d, bool crosses, const Clus
 
 double CostModel::time(const GroupStats& g, int d, bool crosses, const Cluster& c) const {
   const double comm = comm_time(g, d, crosses, c);
-  return compute_time(g, d) + comm - std::min(attn_time(g, d), comm);
+  return compute_time(g, d) + comm - comm_overlap * std::min(attn_time(g, d), comm);
 }
 
 double CostModel::group_time(const Group& group, const Batch& batch, const Cluster& cluster) const {
@@ -137,7 +140,8 @@ std::string CostModel::describe() const {
                      ", mem_per_token=", mem_per_token, ", mem_static=", mem_static,
                      extended() ? detail::cat(", attn_pow_coef=", attn_pow_coef, ", attn_log_coef=", attn_log_coef,
                                               ", doc_overhead=", doc_overhead, ", doc_hop_overhead=",
-                                              doc_hop_overhead, ", doc_solo_overhead=", doc_solo_overhead)
+                                              doc_hop_overhead, ", doc_solo_overhead=", doc_solo_overhead,
+                                              ", comm_overlap=", comm_overlap)
                                 : std::string(),
                      ")");
 }

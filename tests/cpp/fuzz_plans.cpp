@@ -5,7 +5,7 @@
 // it (tight_bound = false), which must not exceed it.
 //   fuzz_plans [--instances N] [--seed S] [--extended 1]   (CTest runs short versions; docs/benchmarks.md the long one)
 // --extended 1 also draws the extended model form's per-document terms (CostModel::extended(): s^1.5 and s log s
-// attention terms, per-document, per-hop and single-rank floors) at random, from their own random stream.
+// attention terms, per-document, per-hop and single-rank floors, partial overlap) at random, from their own random stream.
 // Anchor plans the simulator rejects - a 1F1B deadlock, or under vpp > 1 microbatch counts that are not multiples
 // of pp (megatron raises when it cannot split to one) - count separately; dynacp must plan every instance where any
 // other strategy does (under vpp > 1 a batch may have no plan whose counts are all multiples of pp).
@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
       cost.doc_overhead = CostModel{}.group_overhead * draw(0.5);
       cost.doc_hop_overhead = CostModel{}.group_overhead * draw(0.2);
       cost.doc_solo_overhead = CostModel{}.group_overhead * draw(0.5);
+      cost.comm_overlap = 1.0 - draw(1.0);
     }
     const std::int64_t cap = 256 + static_cast<std::int64_t>(rng() % 8192);
     c.activation_budget = static_cast<double>(cap) * cost.mem_per_token;

@@ -14,10 +14,26 @@ The hardware's own lower bound (:func:`hardware_bound`, valid for any plan that 
 
 * ``single``: the longest sequence alone on its best ring (a scan over degrees of the true time; a group is never
   faster than its slowest member alone, and every microbatch crosses all pipeline stages forward and back);
-* ``average``: every rank's share of the rank-time ``w(s) = min_{d >= dmin(s)} d u(s, d)``, where ``u(s, d)`` is what
-  one member of a ring of d ranks certainly adds (its attention, linear work and document cost, and the 40 % of its
-  exchange that cannot be hidden), plus one group cost; with pp > 1 divided by pp plus the 1F1B fill of pp - 1
-  smallest microbatches, ``(W / P + c + (pp - 1) (c + doc)) / pp``;
+* ``average``: a step S needs every group to take at most S (a group is never faster than any member alone, and a
+  microbatch crosses all stages), so a sequence s runs on a degree d >= dmin(s) with ``T(s, d) <= S`` and costs at
+  least ``d u(s, d)`` rank-seconds, where ``u(s, d)`` is what one member of a ring of d ranks certainly adds (its
+  attention, linear work and document cost, and the 40 % of its exchange that cannot be hidden). With
+  ``W(S) = sum_s min {d u(s, d) : d >= dmin(s), T(s, d) <= S}`` the ranks need
+  ``S >= A(S) = (W(S) / P + c + (pp - 1) (c + doc)) / pp`` (pp = 1: ``W(S) / P + c``; pp > 1: the 1F1B fill of pp - 1
+  microbatches of at least ``c + doc``). A(S) falls as S grows, so the least such S (bisection) bounds the step:
+  long sequences that do not fit within S on their least degree must take more ranks, and pay for them;
+* ``critical`` (pp > 1): dynacp's critical-sequence argument (docs/cost_model.md) with true times: the longest
+  sequence s* on d ranks takes ``t >= T(s*, d)``; a rank of its ring running other work X besides it finishes after
+  ``t + max(0, X - E_d) / (3 pp)``, where ``E_d = 0.6 max(0, C(s*, d) - A(s*, d))`` bounds what members grouped
+  with s* can hide (adding a member with attention dA and exchange dC lowers ``T - work`` by at most
+  ``0.6 min(dA, C - A + dC) - 0.6 dC``); the other ranks share the rest of the work ``W'``, and some rank holds at least
+  its mean: ``min_d min_X max(t + max(0, X - E_d) / (3 pp), F((W' - d X) / (P - d)))`` with F the 1F1B fill above;
+* ``shared``: the k longest sequences (k = 2..4) either meet - two on one rank, whose 1F1B chain is at least
+  ``pair_floor`` of their best times, or in one group, at least its best time - or run on pairwise disjoint rings,
+  each on at least the least degree that finishes within the step, those degrees fit in P, and the rest of the work
+  (``W(S)`` of the others) fits beside them: a plain rank runs at most ``pp S - c - (pp - 1) (c + doc)`` of it, a rank
+  of giant i's ring at most ``3 pp (S - T_i(d)) + E_d`` (pp = 1: ``S - T_i(d) + E_d``; the critical argument), each
+  giant's degree chosen for the most room (a relaxation); the term is ``min(meet, least S that fits)``;
 * ``minorant``: dynacp's own lower bound (all its terms) for a cost model that is below the true time for every
   group (the full-efficiency attention, the same linear, group and document costs, the 2-rank hop latency, the same
   bandwidths, no node cost, and the exchange fully hidden): any plan's true step time is at least its step time
@@ -38,10 +54,10 @@ import numpy as np
 import pytest
 
 import dynacp
-from dynacp import _core, calibrate
+from dynacp import _core, calibrate, distributions
 from dynacp.calibrate.fileformat import Profile
 
-P, RPN, CAP = 64, 8, 16384
+P, RPN, CAP = 64, 8, 32768
 """Ranks, ranks per node, tokens per rank of the planned pool."""
 KV = 8 * 128 * 2 * 2 * 32 * 3
 """Bytes per token per ring hop of the whole step (the default model's value; the profile's meta states it)."""
@@ -172,13 +188,112 @@ def step_time(plan, lengths, pp: int, time_of) -> float:
 def hardware_bound(hw: Hardware, lengths: np.ndarray, pp: int) -> float:
     """The true hardware's lower bound on any plan's step time (module docstring)."""
     cost, cluster = hw.minorant()
-    dmin = [cost.min_degree(int(s), cluster) for s in lengths]
-    work = sum(min(d * hw.member(int(s), d) for d in range(m, P + 1)) for s, m in zip(lengths, dmin))
-    longest = int(np.argmax(lengths))
-    single = min(hw.time([int(lengths[longest])], d, math.ceil(d / RPN)) for d in range(dmin[longest], P + 1))
-    average = (work / P + hw.group + (pp - 1) * (hw.group + hw.doc)) / pp
+    s = np.asarray(lengths, dtype=np.int64)
+    dmin = np.array([cost.min_degree(int(x), cluster) for x in s])
+    degrees = np.arange(1, P + 1)
+    alone = np.array([[hw.time([int(x)], int(d), math.ceil(d / RPN)) for d in degrees] for x in s])  # T(s, d)
+    share = np.array([[d * hw.member(int(x), int(d)) for d in degrees] for x in s])  # d u(s, d)
+    feasible = degrees[None, :] >= dmin[:, None]
+    single = float(np.max(np.min(np.where(feasible, alone, np.inf), axis=1)))
+
+    def average(S: float) -> float:  # the least step the rank-time allows when no group may take longer than S
+        work = np.min(np.where(feasible & (alone <= S), share, np.inf), axis=1).sum()
+        return (work / P + hw.group + (pp - 1) * (hw.group + hw.doc)) / pp
+
+    lo, hi = single, max(single, average(np.inf))
+    while average(hi) > hi:  # average(S) falls as S grows: the least S with average(S) <= S is the bound
+        lo, hi = hi, 2 * hi
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        (hi, lo) = (mid, lo) if average(mid) <= mid else (hi, mid)
     minorant = dynacp.lower_bound(lengths, cluster, cost, pp=pp)
-    return max(single, average, minorant)
+    critical = critical_term(hw, s, alone, share, feasible, pp) if pp > 1 else 0.0
+    return max(single, lo, minorant, critical, shared_term(hw, s, alone, share, feasible, pp))
+
+
+def pair_floor(a: float, b: float, pp: int) -> float:
+    """Two microbatches of times a then b on one pipeline of pp 1F1B stages: the first's round trip then the second's
+    backward on stage 0, or the first's stage-0 forward then the second's round trip (forward t / 3, backward 2 t / 3
+    over pp stages); the better order. pp = 1: a + b."""
+    if pp == 1:
+        return a + b
+    floor = lambda x, y: max(x + 2 * y / (3 * pp), x / (3 * pp) + y)  # noqa: E731
+    return min(floor(a, b), floor(b, a))
+
+
+def shared_term(hw: Hardware, s: np.ndarray, alone: np.ndarray, share: np.ndarray, feasible: np.ndarray,
+                pp: int) -> float:
+    """The k longest sequences (k = 2..4) either meet - two of them on one rank (pair_floor of their best times) or in
+    one group (its best time) - or run on pairwise disjoint rings, and then the rest of the work must fit beside them
+    (module docstring, ``shared``)."""
+    top = np.argsort(-s, kind="stable")[:4]
+    best = np.min(np.where(feasible, alone, np.inf), axis=1)
+    degrees = np.arange(1, P + 1)
+    exposed = np.array([[hw.hidden * max(0.0, hw.comm(float(s[i]), int(d), math.ceil(d / RPN))
+                                         - float(hw.attention([int(s[i])], int(d))[0])) for d in degrees]
+                        for i in top])  # E_d of each giant
+    out, meet = 0.0, math.inf
+    for k in range(2, top.size + 1):
+        j = int(top[k - 1])
+        for i in map(int, top[:k - 1]):
+            meet = min(meet, pair_floor(float(best[i]), float(best[j]), pp))
+            pair = [int(s[i]), int(s[j])]
+            meet = min(meet, min(hw.time(pair, d, math.ceil(d / RPN)) for d in range(1, P + 1)
+                                 if 2 * CAP * d >= sum(pair)))
+        rest = np.ones(s.size, dtype=bool)
+        rest[top[:k]] = False
+
+        def fits(S: float, k: int = k, rest: np.ndarray = rest) -> bool:
+            ok = feasible[top[:k]] & (alone[top[:k]] <= S)
+            if not ok.any(axis=1).all() or int(np.argmax(ok, axis=1).sum()) + k > P:
+                return False
+            cap = pp * S - hw.group - (pp - 1) * (hw.group + hw.doc)  # other work a plain rank can run within S
+            spare = (S - alone[top[:k]]) * (3 * pp if pp > 1 else 1) + exposed[:k]  # ... a giant's rank
+            gain = np.max(np.where(ok, degrees * (np.minimum(spare, cap) - cap), -np.inf), axis=1).sum()
+            other = np.min(np.where(feasible[rest] & (alone[rest] <= S), share[rest], np.inf), axis=1).sum()
+            return bool(P * cap + gain >= other)
+
+        lo, hi = float(best[top[:k]].max()), meet
+        if not fits(hi):
+            out = max(out, meet)
+            continue
+        for _ in range(50):  # fits grows with S: the least S that fits lies above lo
+            mid = 0.5 * (lo + hi)
+            (lo, hi) = (lo, mid) if fits(mid) else (mid, hi)
+        out = max(out, lo)
+    return out
+
+
+def critical_term(hw: Hardware, s: np.ndarray, alone: np.ndarray, share: np.ndarray, feasible: np.ndarray,
+                  pp: int) -> float:
+    """pp > 1: the longest sequence s* on d ranks (module docstring, ``critical``)."""
+    star = int(np.argmax(s))
+    rest_work = float(np.delete(np.min(np.where(feasible, share, np.inf), axis=1), star).sum())
+
+    def G(W: float) -> float:  # a rank of W rank-seconds of microbatches (at least one): the 1F1B fill and drain
+        return (max(W, 0.0) + hw.group + (pp - 1) * (hw.group + hw.doc)) / pp
+
+    best = math.inf
+    for d in range(1, P + 1):
+        if not feasible[star, d - 1] or alone[star, d - 1] >= best:
+            continue
+        t = float(alone[star, d - 1])
+        attn = float(hw.attention([int(s[star])], d)[0])
+        hidden = hw.hidden * max(0.0, hw.comm(float(s[star]), d, math.ceil(d / RPN)) - attn)  # E_d
+        host = lambda X, t=t, E=hidden: t + max(0.0, X - E) / (3 * pp)  # noqa: E731
+        if d == P:
+            best = min(best, host(rest_work / P))
+            continue
+        other = lambda X, d=d: G((rest_work - d * X) / (P - d))  # noqa: E731
+        lo, hi = 0.0, rest_work / d
+        if other(lo) <= host(lo):
+            best = min(best, host(lo))
+            continue
+        for _ in range(50):
+            mid = 0.5 * (lo + hi)
+            (lo, hi) = (mid, hi) if host(mid) < other(mid) else (lo, mid)
+        best = min(best, max(host(lo), other(hi)))
+    return best
 
 
 def batches() -> list[tuple[str, np.ndarray]]:
@@ -187,7 +302,7 @@ def batches() -> list[tuple[str, np.ndarray]]:
     out = []
     for name in ("longcontext", "github", "wlbllm"):
         for b in range(2):
-            out.append((f"{name}/{b}", dynacp.distributions.sample(name, 512, rng)))
+            out.append((f"{name}/{b}", distributions.sample(name, 512, rng)))
     return out
 
 

@@ -1,6 +1,7 @@
 // Cost model: time and memory of a group of packed sequences running as one CP ring on d ranks.
 //
-//   T(G,d)   = T_compute + T_comm - min(T_attn, T_comm)
+//   T(G,d)   = T_compute + T_comm - phi * min(T_attn, T_comm)  phi = comm_overlap: the share of the exchange
+//                                                              that attention hides (1 in the presets)
 //   T_compute = (eta * a * sum s^2 + b * sum s) / d + c       eta = causal_factor or full_factor per sequence
 //               + kp * sum eta s^1.5 / d + kl * sum eta s log2 s                          (short-sequence
 //               + n * (c_doc + c_hop (d - 1) + [d = 1] c_solo)    attention and per-document terms, n = count;
@@ -62,11 +63,13 @@ struct CostModel {
   double doc_overhead = 0.0;        ///< c_doc: seconds per sequence of the group (kernel launch floor), any d
   double doc_hop_overhead = 0.0;    ///< c_hop: seconds per sequence per ring hop (d - 1 hops)
   double doc_solo_overhead = 0.0;   ///< c_solo: seconds per sequence of a group run on one rank (d = 1)
+  /// phi: the share of min(T_attn, T_comm) that attention hides, in [0, 1]; 1 (fully hidden) is the classic form.
+  double comm_overlap = 1.0;
 
   /// True when a per-document term is non-zero (then T(G,d) need not be unimodal in d: piece_minima scans).
   bool extended() const {
     return attn_pow_coef != 0 || attn_log_coef != 0 || doc_overhead != 0 || doc_hop_overhead != 0 ||
-           doc_solo_overhead != 0;
+           doc_solo_overhead != 0 || comm_overlap != 1;
   }
 
   double eta(Mask m) const { return m == Mask::Full ? full_factor : causal_factor; }

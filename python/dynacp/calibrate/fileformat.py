@@ -34,8 +34,9 @@ Cost preset (``"format": "dynacp-cost"``, ``"version": 2``)::
      "fit": {...the fit report...}, "meta": {...the profile's meta...}}
 
 Version 2 added the extended model form's ``cost`` fields (``attn_pow_coef``, ``attn_log_coef``, ``doc_overhead``,
-``doc_hop_overhead``, ``doc_solo_overhead``; docs/cost_model.md). Version 1 files (the classic form) are still read:
-their missing fields are 0, which is the classic form exactly; a version 1 file naming a version 2 field, or a file
+``doc_hop_overhead``, ``doc_solo_overhead``, ``comm_overlap``; docs/cost_model.md). Version 1 files (the classic
+form) are still read: their missing fields keep their defaults (0, and 1 for ``comm_overlap``), the classic form
+exactly; a version 1 file naming a version 2 field, or a file
 of any other version, is rejected with an error naming the file and the field.
 """
 
@@ -54,7 +55,8 @@ PRESET_VERSION = 2
 #: preset versions this dynacp reads
 PRESET_VERSIONS = (1, 2)
 #: CostModel fields that exist from preset version 2 on (the extended form)
-EXTENDED_FIELDS = ("attn_pow_coef", "attn_log_coef", "doc_overhead", "doc_hop_overhead", "doc_solo_overhead")
+EXTENDED_FIELDS = ("attn_pow_coef", "attn_log_coef", "doc_overhead", "doc_hop_overhead", "doc_solo_overhead",
+                   "comm_overlap")
 
 #: columns each profile table must have (extra columns are kept and ignored)
 COLUMNS: dict[str, tuple[str, ...]] = {

@@ -19,7 +19,9 @@ extended form's per-document terms (docs/cost_model.md, "Extended form"), added 
 
     kp * sum eta s^1.5 / d + kl * sum eta s log2 s + n * (c_doc + c_hop (d - 1) + [d = 1] c_solo)     (n sequences)
 
-each column held at 0 when the profile cannot identify it (no group on one rank: ``c_solo``; every group of one
+and, on the ``group`` table, ``comm_overlap`` phi (``T = T_compute + T_comm - phi min(T_attn, T_comm)``, the share of
+the exchange attention hides; 1 in the classic form) by a search over 0, 0.05, ..., 1; each column held at 0 when
+the profile cannot identify it (no group on one rank: ``c_solo``; every group of one
 sequence: ``c_doc`` and the per-group ``c`` are the same column, and ``c_doc`` takes it in the per-document
 ``attention`` table, ``c`` in the ``group`` table). ``form="classic"`` (the default of :func:`fit`) leaves them 0.
 
@@ -97,7 +99,7 @@ class FitResult:
                  f"{c.kv_bytes_per_token:.6g} B"]
         if c.extended:
             lines.append("  extended form: " + ", ".join(f"{k} = {getattr(c, k):.4e}" for k in EXTENDED_FIELDS)
-                         + " (s; see docs/cost_model.md)")
+                         + f" (s), comm_overlap = {c.comm_overlap:g} (see docs/cost_model.md)")
         for k, v in self.links.items():
             lines.append(f"  {k} = {v:.4e} {'B/s' if 'bandwidth' in k else 's'}")
         lines.append(f"{'term':<20}{'samples':>8}{'rms rel err':>13}{'max rel err':>13}")
@@ -179,6 +181,7 @@ class _Groups:
     longest: np.ndarray
     ext: Optional[np.ndarray] = None  # extended_columns of the rows (None: classic form)
     ext_fixed: tuple[int, ...] = ()   # extended columns the rows cannot identify (held at 0)
+    overlap: float = 1.0               # comm_overlap phi: the share of min(attention, exchange) hidden
 
     @classmethod
     def of(cls, rows: list[dict], cost: Any, form: str = "classic") -> _Groups:
@@ -195,12 +198,19 @@ class _Groups:
         return g
 
     def columns(self, hidden: np.ndarray) -> np.ndarray:
-        """The design matrix: [S2/d (hidden rows only), S/d, 1] + the extended columns."""
-        X = np.c_[self.S2 / self.d * hidden, self.S / self.d, np.ones_like(self.t)]
+        """The design matrix: [S2/d (times 1 - phi where the exchange is not hidden), S/d, 1] + the extended
+        columns (T = max(attn, comm) + (1 - phi) min(attn, comm) + the rest)."""
+        X = np.c_[self.S2 / self.d * np.where(hidden, 1.0, 1.0 - self.overlap), self.S / self.d, np.ones_like(self.t)]
         return X if self.ext is None else np.c_[X, self.ext]
 
+    def offset(self, hidden: np.ndarray, comm: np.ndarray) -> np.ndarray:
+        """The known seconds of each row for a fixed branch: the unhidden part of the exchange."""
+        return np.where(hidden, (1.0 - self.overlap) * comm, comm)
+
     def predict(self, coef: np.ndarray, comm: np.ndarray) -> np.ndarray:
-        base = coef[1] * self.S / self.d + coef[2] + np.maximum(coef[0] * self.S2 / self.d, comm)
+        attn = coef[0] * self.S2 / self.d
+        base = (coef[1] * self.S / self.d + coef[2] + np.maximum(attn, comm)
+                + (1.0 - self.overlap) * np.minimum(attn, comm))
         return base if self.ext is None else base + self.ext @ coef[3:]
 
     def comm(self, kvb: float, lat: np.ndarray, bw: np.ndarray) -> np.ndarray:
@@ -212,7 +222,7 @@ def _solve_branch(g: _Groups, hidden: np.ndarray, offset: np.ndarray) -> np.ndar
     ``(p - t)^2 / (p t)`` (relative least squares, then 4 reweightings by t / p): plain relative least squares is
     biased low under noise (it penalises a prediction above a fast measurement more than one below a slow one)."""
     X = g.columns(hidden)
-    fixed = ([0] if not hidden.any() else []) + [3 + j for j in g.ext_fixed]
+    fixed = ([0] if not hidden.any() and g.overlap == 1.0 else []) + [3 + j for j in g.ext_fixed]
     weights = None
     for _ in range(5):
         coef = nonneg_relative_lsq(X, g.t, weights=weights, offset=offset, fixed_zero=fixed)
@@ -226,7 +236,7 @@ def _fit_abc(g: _Groups, comm: np.ndarray) -> tuple[np.ndarray, float]:
     hidden = np.ones(g.t.size, dtype=bool)  # start: every exchange hidden behind attention
     coef = np.zeros(3 if g.ext is None else 8)
     for _ in range(50):
-        coef = _solve_branch(g, hidden, np.where(hidden, 0.0, comm))
+        coef = _solve_branch(g, hidden, g.offset(hidden, comm))
         now = coef[0] * g.S2 / g.d >= comm
         if np.array_equal(now, hidden):
             break
@@ -285,6 +295,17 @@ def _search_kvb(g: _Groups, lat: np.ndarray, bw: np.ndarray, kv_default: float
     return c, kvb, True
 
 
+def _search_overlap(g: _Groups, comm: np.ndarray) -> float:
+    """comm_overlap phi (extended form): the best of 0, 0.05, ..., 1 for the groups (ties: the larger phi)."""
+    best = (float("inf"), 1.0)
+    for phi in np.round(np.arange(1.0, -0.0001, -0.05), 2):
+        g.overlap = float(phi)
+        err = _fit_abc(g, comm)[1]
+        if err < best[0] - 1e-12:
+            best = (err, float(phi))
+    return best[1]
+
+
 def _fit_groups(profile: Profile, base: Any, links: dict[str, float], cluster: Any,
                 kv_default: float, form: str = "classic") -> tuple[np.ndarray, float, str]:
     """(a, b, c), kv_bytes_per_token and a note on where the mask factor and kv_bytes_per_token came from; sets
@@ -303,6 +324,8 @@ def _fit_groups(profile: Profile, base: Any, links: dict[str, float], cluster: A
     for _ in range(2 if ring else 1):
         base.causal_factor, eta_fitted = fit_causal_factor(rows, base, lambda g, kv=kvb: g.comm(kv, lat, bw), form)
         g = _Groups.of(rows, base, form)
+        if ring and form == "extended":
+            g.overlap = base.comm_overlap = _search_overlap(g, g.comm(kvb, lat, bw))
         coef = _fit_abc(g, g.comm(kvb, lat, bw))[0]
         if ring:
             coef, kvb, kv_fitted = _search_kvb(g, lat, bw, kv_default)
@@ -376,6 +399,7 @@ def fit(profile: Union[Profile, str, Path], base: Any = None, *, name: str = "ca
     base = _core.CostModel(**dict(base.to_dict())) if base is not None else _core.CostModel()
     for k in EXTENDED_FIELDS:  # the groups are fitted from scratch in the form asked for
         setattr(base, k, 0.0)
+    base.comm_overlap = 1.0
     cluster = cluster if cluster is not None else _core.Cluster()
     links, terms = fit_links(prof)
     kv_default = float(prof.meta.get("kv_bytes_per_token", base.kv_bytes_per_token))
