@@ -285,6 +285,19 @@ def test_refit_is_bounded_robust_and_deterministic():
     assert not res3.changed and same is start
 
 
+def test_refit_keeps_the_extended_terms_and_refits_abc_beside_them():
+    ext = {"attn_pow_coef": 2e-8, "doc_hop_overhead": 4e-4, "doc_solo_overhead": 1e-4, "comm_overlap": 0.5}
+    true = dynacp.CostModel(attn_coef=2e-9, linear_coef=1e-5, group_overhead=3e-3, **ext)
+    start = dynacp.CostModel(attn_coef=1e-9, linear_coef=2e-5, group_overhead=3e-3, **ext)
+    cluster = dynacp.Cluster(num_ranks=8, ranks_per_node=8)
+    cost = start
+    for _ in range(4):
+        cost, res = refit(cost, cluster, _records(true), RefitOptions(max_change=1.0))
+    for k in ("attn_coef", "linear_coef", "group_overhead"):
+        assert getattr(cost, k) == pytest.approx(getattr(true, k), rel=1e-3), k
+    assert {k: getattr(cost, k) for k in ext} == ext and res.error_after < 1e-3
+
+
 def test_refit_options_and_record_checks():
     with pytest.raises(ValueError, match="max_change"):
         RefitOptions(max_change=0)

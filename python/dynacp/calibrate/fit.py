@@ -182,6 +182,7 @@ class _Groups:
     ext: Optional[np.ndarray] = None  # extended_columns of the rows (None: classic form)
     ext_fixed: tuple[int, ...] = ()   # extended columns the rows cannot identify (held at 0)
     overlap: float = 1.0               # comm_overlap phi: the share of min(attention, exchange) hidden
+    extra: Optional[np.ndarray] = None  # known seconds of each row (fixed extended terms; the online refit)
 
     @classmethod
     def of(cls, rows: list[dict], cost: Any, form: str = "classic") -> _Groups:
@@ -205,12 +206,15 @@ class _Groups:
 
     def offset(self, hidden: np.ndarray, comm: np.ndarray) -> np.ndarray:
         """The known seconds of each row for a fixed branch: the unhidden part of the exchange."""
-        return np.where(hidden, (1.0 - self.overlap) * comm, comm)
+        known = np.where(hidden, (1.0 - self.overlap) * comm, comm)
+        return known if self.extra is None else known + self.extra
 
     def predict(self, coef: np.ndarray, comm: np.ndarray) -> np.ndarray:
         attn = coef[0] * self.S2 / self.d
         base = (coef[1] * self.S / self.d + coef[2] + np.maximum(attn, comm)
                 + (1.0 - self.overlap) * np.minimum(attn, comm))
+        if self.extra is not None:
+            base = base + self.extra
         return base if self.ext is None else base + self.ext @ coef[3:]
 
     def comm(self, kvb: float, lat: np.ndarray, bw: np.ndarray) -> np.ndarray:
