@@ -33,7 +33,8 @@ void bind_model(py::module_& m) {
       .def("validate", &Cluster::validate, "Raise ValueError naming the first bad field.");
 
   py::class_<CostModel> cost(m, "CostModel",
-                             "T(G,d) = (eta*a*sum s^2 + b*sum s)/d + c + T_comm - min(eta*a*sum s^2/d, T_comm); "
+                             "T(G,d) = (eta*a*sum s^2 + b*sum s)/d + c + T_comm - min(eta*a*sum s^2/d, T_comm) "
+                             "[+ extended per-document terms]; "
                              "M(G,d) = m*sum s/d + static. See docs/cost_model.md.");
   cost.def(kw_init<CostModel>());
   Fields<CostModel>{cost, {}}
@@ -49,7 +50,19 @@ void bind_model(py::module_& m) {
       .add("mem_static", &CostModel::mem_static, "static bytes charged against the activation budget")
       .add("backward_ratio", &CostModel::backward_ratio,
            "backward time : forward time of a microbatch (the 1F1B split; 2 = forward T/3, backward 2T/3)")
+      .add("attn_pow_coef", &CostModel::attn_pow_coef,
+           "kp: seconds per eta*token^1.5, divided by d (extended form; 0 = classic)")
+      .add("attn_log_coef", &CostModel::attn_log_coef,
+           "kl: seconds per eta*token*log2(token), paid on every rank of the ring (extended form; 0 = classic)")
+      .add("doc_overhead", &CostModel::doc_overhead, "c_doc: seconds per sequence of a group, any degree")
+      .add("doc_hop_overhead", &CostModel::doc_hop_overhead, "c_hop: seconds per sequence per ring hop (d - 1 hops)")
+      .add("doc_solo_overhead", &CostModel::doc_solo_overhead,
+           "c_solo: seconds per sequence of a group on one rank (d = 1)")
+      .add("comm_overlap", &CostModel::comm_overlap,
+           "phi: share of min(attention, exchange) hidden behind attention, in [0, 1] (1 = classic form)")
       .done();
+  cost.def_property_readonly("extended", &CostModel::extended,
+                             "True when a per-document (extended-form) coefficient is non-zero.");
   cost.def("validate", &CostModel::validate, "Raise ValueError naming the first bad coefficient.")
       .def("token_capacity", &CostModel::token_capacity, py::arg("cluster"), "Tokens one rank can hold.")
       .def(

@@ -13,6 +13,9 @@ void GroupStats::add(std::int64_t len, double eta) {
   weighted_sq += eta * static_cast<double>(len) * static_cast<double>(len);
   max_len = std::max(max_len, len);
   ++count;
+  const double x = static_cast<double>(len);
+  weighted_pow += eta * x * std::sqrt(x);
+  weighted_log += eta * x * std::log2(x);
 }
 
 void CostModel::validate() const {
@@ -29,6 +32,14 @@ void CostModel::validate() const {
   check("mem_per_token", mem_per_token);
   check("mem_static", mem_static);
   check("backward_ratio", backward_ratio);
+  check("attn_pow_coef", attn_pow_coef);
+  check("attn_log_coef", attn_log_coef);
+  check("doc_overhead", doc_overhead);
+  check("doc_hop_overhead", doc_hop_overhead);
+  check("doc_solo_overhead", doc_solo_overhead);
+  check("comm_overlap", comm_overlap);
+  if (comm_overlap > 1)
+    invalid("CostModel.comm_overlap is ", comm_overlap, "; it is the share of the exchange hidden, in [0, 1]");
   if (!(mem_per_token > 0)) invalid("CostModel.mem_per_token is ", mem_per_token, "; it must be > 0");
 }
 
@@ -52,7 +63,11 @@ int CostModel::min_degree(std::int64_t tokens, const Cluster& cluster) const {
 }
 
 double CostModel::compute_time(const GroupStats& g, int d) const {
-  return (attn_coef * g.weighted_sq + linear_coef * static_cast<double>(g.tokens)) / d + group_overhead;
+  const double classic = (attn_coef * g.weighted_sq + linear_coef * static_cast<double>(g.tokens)) / d + group_overhead;
+  if (!extended()) return classic;  // the classic form, bit for bit
+  const double per_doc = doc_overhead + doc_hop_overhead * (d - 1) + (d == 1 ? doc_solo_overhead : 0.0);
+  return classic + attn_pow_coef * g.weighted_pow / d + attn_log_coef * g.weighted_log +
+         per_doc * static_cast<double>(g.count);
 }
 
 double CostModel::attn_time(const GroupStats& g, int d) const { return attn_coef * g.weighted_sq / d; }
@@ -66,7 +81,7 @@ double CostModel::comm_time(const GroupStats& g, int d, bool crosses, const Clus
 
 double CostModel::time(const GroupStats& g, int d, bool crosses, const Cluster& c) const {
   const double comm = comm_time(g, d, crosses, c);
-  return compute_time(g, d) + comm - std::min(attn_time(g, d), comm);
+  return compute_time(g, d) + comm - comm_overlap * std::min(attn_time(g, d), comm);
 }
 
 double CostModel::group_time(const Group& group, const Batch& batch, const Cluster& cluster) const {
@@ -81,10 +96,11 @@ std::array<int, 2> CostModel::piece_minima(const GroupStats& g, int dmin, const 
   const int P = c.num_ranks, rpn = c.ranks_per_node;
   const int lo[2] = {dmin, std::max(dmin, rpn + 1)}, hi[2] = {std::min(rpn, P), P};
   std::array<int, 2> arg{0, 0};
+  const bool scan = extended();  // T need not be unimodal in d: scan every degree (docs/cost_model.md)
   for (int k = 0; k < 2; ++k) {
     int a = lo[k], z = hi[k];
     if (a > z) continue;
-    while (z - a > 2) {
+    while (!scan && z - a > 2) {
       const int m1 = a + (z - a) / 3, m2 = z - (z - a) / 3;
       if (time(g, m1, c) <= time(g, m2, c))
         z = m2;
@@ -92,8 +108,9 @@ std::array<int, 2> CostModel::piece_minima(const GroupStats& g, int dmin, const 
         a = m1;
     }
     arg[static_cast<std::size_t>(k)] = a;
+    double best = time(g, a, c);
     for (int d = a + 1; d <= z; ++d)
-      if (time(g, d, c) < time(g, arg[static_cast<std::size_t>(k)], c)) arg[static_cast<std::size_t>(k)] = d;
+      if (const double t = time(g, d, c); t < best) arg[static_cast<std::size_t>(k)] = d, best = t;
   }
   return arg;
 }
@@ -109,14 +126,24 @@ double CostModel::memory(std::int64_t rows) const { return mem_per_token * stati
 
 double CostModel::work(std::int64_t len, Mask mask) const {
   const double s = static_cast<double>(len);
-  return eta(mask) * attn_coef * s * s + linear_coef * s;
+  const double classic = eta(mask) * attn_coef * s * s + linear_coef * s;
+  if (!extended()) return classic;
+  // d T(G,d) - c d >= this for the sequence's share on any d >= 1: the s^1.5 term is divided by d, and the
+  // per-rank terms kl s log2 s + c_doc (+ hop/solo terms >= 0) are paid on each of d >= 1 ranks
+  return classic + eta(mask) * (attn_pow_coef * s * std::sqrt(s) + attn_log_coef * s * std::log2(s)) + doc_overhead;
 }
 
 std::string CostModel::describe() const {
   return detail::cat("CostModel(name='", name, "', attn_coef=", attn_coef, ", linear_coef=", linear_coef,
                      ", group_overhead=", group_overhead, ", causal_factor=", causal_factor,
                      ", full_factor=", full_factor, ", kv_bytes_per_token=", kv_bytes_per_token,
-                     ", mem_per_token=", mem_per_token, ", mem_static=", mem_static, ")");
+                     ", mem_per_token=", mem_per_token, ", mem_static=", mem_static,
+                     extended() ? detail::cat(", attn_pow_coef=", attn_pow_coef, ", attn_log_coef=", attn_log_coef,
+                                              ", doc_overhead=", doc_overhead, ", doc_hop_overhead=",
+                                              doc_hop_overhead, ", doc_solo_overhead=", doc_solo_overhead,
+                                              ", comm_overlap=", comm_overlap)
+                                : std::string(),
+                     ")");
 }
 
 GroupStats group_stats(const Batch& batch, const CostModel& cost, std::span<const std::int64_t> ids) {

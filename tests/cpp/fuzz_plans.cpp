@@ -3,7 +3,9 @@
 // multiple 2 or 4) and never beat the lower bound; dynacp must never be slower than another
 // strategy. The tight bound (with the cover term) is computed once per instance; the plans report the bound without
 // it (tight_bound = false), which must not exceed it.
-//   fuzz_plans [--instances N] [--seed S]      (CTest runs a short version; docs/benchmarks.md the long one)
+//   fuzz_plans [--instances N] [--seed S] [--extended 1]   (CTest runs short versions; docs/benchmarks.md the long one)
+// --extended 1 also draws the extended model form's per-document terms (CostModel::extended(): s^1.5 and s log s
+// attention terms, per-document, per-hop and single-rank floors, partial overlap) at random, from their own random stream.
 // Anchor plans the simulator rejects - a 1F1B deadlock, or under vpp > 1 microbatch counts that are not multiples
 // of pp (megatron raises when it cannot split to one) - count separately; dynacp must plan every instance where any
 // other strategy does (under vpp > 1 a batch may have no plan whose counts are all multiples of pp).
@@ -21,13 +23,16 @@ using namespace dynacp;
 int main(int argc, char** argv) {
   long instances = 1000;
   std::uint64_t seed = 1;
+  bool extended = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--instances"))
       instances = std::stol(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--seed"))
       seed = std::stoull(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--extended"))
+      extended = std::stoi(argv[i + 1]) != 0;
   }
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng(seed), ext_rng(seed ^ 0x9e3779b97f4a7c15ULL);
   long plans = 0, failed = 0, deadlocks = 0, unaligned = 0, unplanned = 0, dynacp_worse = 0;
   const auto names = solve::strategy_names();
   for (long it = 0; it < instances; ++it) {
@@ -38,6 +43,18 @@ int main(int argc, char** argv) {
     cost.attn_coef *= std::exp(std::uniform_real_distribution<double>(-2, 2)(rng));
     cost.group_overhead *= std::uniform_real_distribution<double>(0, 2)(rng);
     cost.kv_bytes_per_token *= std::uniform_real_distribution<double>(0, 3)(rng);
+    if (extended) {  // each term off in about a quarter of the instances, else up to a few times the classic terms
+      auto draw = [&](double hi) {
+        const double u = std::uniform_real_distribution<double>(-0.33, 1)(ext_rng);
+        return u > 0 ? u * hi : 0.0;
+      };
+      cost.attn_pow_coef = cost.attn_coef * draw(100.0);  // at most a s^2 from s = 10^4 on
+      cost.attn_log_coef = cost.attn_coef * draw(500.0);  // at most a s^2 from s ~ 6,000 on
+      cost.doc_overhead = CostModel{}.group_overhead * draw(0.5);
+      cost.doc_hop_overhead = CostModel{}.group_overhead * draw(0.2);
+      cost.doc_solo_overhead = CostModel{}.group_overhead * draw(0.5);
+      cost.comm_overlap = 1.0 - draw(1.0);
+    }
     const std::int64_t cap = 256 + static_cast<std::int64_t>(rng() % 8192);
     c.activation_budget = static_cast<double>(cap) * cost.mem_per_token;
     c.seq_pad_multiple = it % 7 == 3 ? 4 : 2;  // zigzag's 2, and lcm(2, tp) with sequence parallelism at tp = 4
@@ -104,9 +121,9 @@ int main(int argc, char** argv) {
     }
   }
   std::printf(
-      "fuzz: %ld instances, %ld plans, %ld anchor plans rejected as 1F1B deadlocks, %ld as not interleavable "
+      "fuzz%s: %ld instances, %ld plans, %ld anchor plans rejected as 1F1B deadlocks, %ld as not interleavable "
       "(vpp 2), %ld batches no strategy could interleave, %ld dynacp slower\n",
-      instances, plans, deadlocks, unaligned, unplanned, dynacp_worse);
+      extended ? " (extended form)" : "", instances, plans, deadlocks, unaligned, unplanned, dynacp_worse);
   std::printf("fuzz: %ld passed, %ld failed\n", plans - failed - deadlocks - unaligned - unplanned,
               failed + dynacp_worse);
   return failed + dynacp_worse == 0 ? 0 : 1;

@@ -100,6 +100,45 @@ TEST(CostModel, RejectsBadCoefficients) {
   EXPECT_THROW(m.validate(), InvalidArgument);
 }
 
+TEST(CostModel, ExtendedFormTermsAndScannedMinima) {
+  const Cluster c = small_cluster();
+  CostModel m = unit_cost();
+  EXPECT_FALSE(m.extended());
+  GroupStats g;
+  g.add(16, 0.5);
+  g.add(4, 1.0);
+  const double classic = m.time(g, 2, false, c);
+  m.doc_overhead = 1.0, m.doc_hop_overhead = 2.0, m.doc_solo_overhead = 3.0;
+  m.attn_pow_coef = 0.25, m.attn_log_coef = 0.5, m.comm_overlap = 0.5;
+  ASSERT_TRUE(m.extended());
+  // by hand: pow = 0.5*64 + 8 = 40, log = 0.5*16*4 + 4*2 = 40; attn = (0.5*256 + 16) / 2 = 72;
+  // comm = 1 * (1 + 10 * 2 / 100) = 1.2; compute = (144 + 200 + 0.25*40) / 2 + 5 + 0.5*40 + 2*(1 + 2) = 208
+  EXPECT_DOUBLE_EQ(m.time(g, 2, false, c), 208.0 + 1.2 - 0.5 * 1.2);
+  EXPECT_GT(m.time(g, 2, false, c), classic);
+  // one rank: the solo floor, no hops, no exchange
+  EXPECT_DOUBLE_EQ(m.time(g, 1, false, c), 144.0 + 200.0 + 10.0 + 5.0 + 20.0 + 2 * (1.0 + 3.0));
+  // work: what one sequence costs at least in rank-seconds besides c
+  EXPECT_DOUBLE_EQ(m.work(16, Mask::Causal), 0.5 * 256 + 160 + 0.5 * (0.25 * 64 + 0.5 * 64) + 1.0);
+  // piece_minima scans every degree under the extended form: compare with a brute-force scan
+  std::mt19937_64 rng(5);
+  for (int it = 0; it < 200; ++it) {
+    m.doc_hop_overhead = std::uniform_real_distribution<double>(0, 40)(rng);
+    m.comm_overlap = std::uniform_real_distribution<double>(0, 1)(rng);
+    GroupStats h;
+    h.add(1 + static_cast<std::int64_t>(rng() % 700), 0.5);
+    const auto arg = m.piece_minima(h, 1, c);
+    for (int k = 0; k < 2; ++k) {
+      const int lo = k == 0 ? 1 : c.ranks_per_node + 1, hi = k == 0 ? c.ranks_per_node : c.num_ranks;
+      int want = lo;
+      for (int d = lo + 1; d <= hi; ++d)
+        if (m.time(h, d, c) < m.time(h, want, c)) want = d;
+      EXPECT_EQ(arg[static_cast<std::size_t>(k)], want);
+    }
+  }
+  m.comm_overlap = 1.5;
+  EXPECT_THROW(m.validate(), InvalidArgument);
+}
+
 TEST(Cluster, RejectsBadShapes) {
   Cluster c = small_cluster();
   c.num_ranks = 0;

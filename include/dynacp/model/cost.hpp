@@ -1,7 +1,11 @@
 // Cost model: time and memory of a group of packed sequences running as one CP ring on d ranks.
 //
-//   T(G,d)   = T_compute + T_comm - min(T_attn, T_comm)
+//   T(G,d)   = T_compute + T_comm - phi * min(T_attn, T_comm)  phi = comm_overlap: the share of the exchange
+//                                                              that attention hides (1 in the presets)
 //   T_compute = (eta * a * sum s^2 + b * sum s) / d + c       eta = causal_factor or full_factor per sequence
+//               + kp * sum eta s^1.5 / d + kl * sum eta s log2 s                          (short-sequence
+//               + n * (c_doc + c_hop (d - 1) + [d = 1] c_solo)    attention and per-document terms, n = count;
+//                                                                  all 0 in the presets: the classic form)
 //   T_attn    = eta * a * sum s^2 / d                          (the part the ring exchange overlaps with)
 //   T_comm    = (d - 1) * (latency + (sum s / d) * kv_bytes_per_token / bandwidth),   0 when d = 1
 //               latency/bandwidth are intra-node when all d ranks share a node, inter-node otherwise
@@ -29,6 +33,8 @@ struct GroupStats {
   double weighted_sq = 0.0;  ///< sum eta(s) * s^2
   std::int64_t max_len = 0;  ///< longest member
   std::int64_t count = 0;    ///< number of sequences
+  double weighted_pow = 0.0; ///< sum eta(s) * s^1.5
+  double weighted_log = 0.0; ///< sum eta(s) * s * log2(s)
 
   void add(std::int64_t len, double eta);
 };
@@ -50,6 +56,21 @@ struct CostModel {
   /// Backward time : forward time of a microbatch (the 1F1B split): a group of time T runs T / (1 + r) forward and
   /// r T / (1 + r) backward. 2 is the usual rule (the backward computes gradients of inputs and of weights).
   double backward_ratio = 2.0;
+  // The per-document ("extended") terms of the model form; all 0 by default and in every built-in preset, which
+  // keeps the classic form above bit for bit. `dynacp calibrate fit` fits them (docs/cost_model.md, "Extended form").
+  double attn_pow_coef = 0.0;       ///< kp: seconds per eta*token^1.5, divided by d (attention efficiency, mid lengths)
+  double attn_log_coef = 0.0;       ///< kl: seconds per eta*token*log2(token) on EVERY rank of the ring (not / d)
+  double doc_overhead = 0.0;        ///< c_doc: seconds per sequence of the group (kernel launch floor), any d
+  double doc_hop_overhead = 0.0;    ///< c_hop: seconds per sequence per ring hop (d - 1 hops)
+  double doc_solo_overhead = 0.0;   ///< c_solo: seconds per sequence of a group run on one rank (d = 1)
+  /// phi: the share of min(T_attn, T_comm) that attention hides, in [0, 1]; 1 (fully hidden) is the classic form.
+  double comm_overlap = 1.0;
+
+  /// True when a per-document term is non-zero (then T(G,d) need not be unimodal in d: piece_minima scans).
+  bool extended() const {
+    return attn_pow_coef != 0 || attn_log_coef != 0 || doc_overhead != 0 || doc_hop_overhead != 0 ||
+           doc_solo_overhead != 0 || comm_overlap != 1;
+  }
 
   double eta(Mask m) const { return m == Mask::Full ? full_factor : causal_factor; }
 
@@ -72,8 +93,9 @@ struct CostModel {
   /// T(G,d) when the group is placed as compactly as possible: crosses nodes only if d > ranks_per_node.
   double time(const GroupStats& g, int d, const Cluster& cluster) const;
   /// The minimisers of T(G,d) under compact placement on the two pieces of [dmin, P]: d <= ranks_per_node (one
-  /// node) and d > ranks_per_node (across nodes); 0 for an empty piece; ties go to the smaller d. Assumes T is
-  /// unimodal in d on each piece (true for this model's terms) and uses integer ternary search: O(log P).
+  /// node) and d > ranks_per_node (across nodes); 0 for an empty piece; ties go to the smaller d. The classic form
+  /// is unimodal in d on each piece and uses integer ternary search: O(log P); the extended form (extended()) need
+  /// not be, so it scans every degree: O(P).
   std::array<int, 2> piece_minima(const GroupStats& g, int dmin, const Cluster& cluster) const;
   /// The better of piece_minima (ties: the smaller degree).
   int best_degree(const GroupStats& g, int dmin, const Cluster& cluster) const;
@@ -87,7 +109,9 @@ struct CostModel {
   }
   /// Per-rank activation bytes M(G,d) = m * R + static of a rank holding R padded rows (group_rows).
   double memory(std::int64_t rows) const;
-  /// Work of one sequence in rank-seconds when run alone on one rank without overheads: eta*a*s^2 + b*s.
+  /// Work of one sequence in rank-seconds when run alone on one rank without overheads: eta*a*s^2 + b*s (classic
+  /// form), plus eta*kp*s^1.5 + eta*kl*s*log2(s) + c_doc (extended form): a lower bound on d * T(G,d) - c d for
+  /// the sequence's share of any group on any d (docs/cost_model.md).
   double work(std::int64_t len, Mask mask) const;
 
   std::string describe() const;

@@ -5,7 +5,9 @@
   ``dynacp.CostModel.load`` and every CLI ``--cost FILE`` read;
 * :func:`import_distca`: the distca H100 CSV profiles as a profile;
 * :mod:`dynacp.calibrate.online`: the training wrapper's online refit;
-* :mod:`dynacp.calibrate.proposed`: a richer model form, measured on the H100 files, NOT yet read by the C++ model.
+* :func:`cross_validate_attention`: leave-one-out errors of the attention fit in either model form;
+* :mod:`dynacp.calibrate.proposed`: the earlier prototype of a richer form (a per-document table; not read by the C++
+  model: the extended form of docs/cost_model.md replaced it).
 
 torch is imported only by :func:`profile` and the online refit.
 """
@@ -25,9 +27,9 @@ from dynacp.calibrate.fileformat import (
     save_preset,
     save_profile,
 )
-from dynacp.calibrate.fit import FitResult, TermFit, fit, fit_to_file
+from dynacp.calibrate.fit import FitResult, TermFit, cross_validate_attention, fit, fit_to_file
 
-__all__ = ["FitResult", "Profile", "TermFit", "apply_links", "fit", "fit_to_file", "import_distca", "load_cost",
+__all__ = ["FitResult", "Profile", "TermFit", "apply_links", "cross_validate_attention", "fit", "fit_to_file", "import_distca", "load_cost",
            "load_preset", "load_profile", "profile", "resolve_cost", "save_preset", "save_profile"]
 
 

@@ -25,13 +25,19 @@ interquartile range, (q75 - q25) / median, a fraction):
 A whole step is ``layers * step_factor`` layer passes (``step_factor`` 1 when the measured times include the
 backward, 3 for forward-only data such as the distca files: backward ~ 2 x forward).
 
-Cost preset (``"format": "dynacp-cost"``, ``"version": 1``)::
+Cost preset (``"format": "dynacp-cost"``, ``"version": 2``)::
 
-    {"format": "dynacp-cost", "version": 1,
+    {"format": "dynacp-cost", "version": 2,
      "cost": {...every CostModel field...},
      "links": {"intra_node_latency": s, "intra_node_bandwidth": B/s, "inter_node_latency": s,
                "inter_node_bandwidth": B/s}        (only the links the profile measured),
      "fit": {...the fit report...}, "meta": {...the profile's meta...}}
+
+Version 2 added the extended model form's ``cost`` fields (``attn_pow_coef``, ``attn_log_coef``, ``doc_overhead``,
+``doc_hop_overhead``, ``doc_solo_overhead``, ``comm_overlap``; docs/cost_model.md). Version 1 files (the classic
+form) are still read: their missing fields keep their defaults (0, and 1 for ``comm_overlap``), the classic form
+exactly; a version 1 file naming a version 2 field, or a file
+of any other version, is rejected with an error naming the file and the field.
 """
 
 from __future__ import annotations
@@ -45,7 +51,12 @@ from typing import Any, Optional, Union
 PROFILE_FORMAT = "dynacp-profile"
 PROFILE_VERSION = 1
 PRESET_FORMAT = "dynacp-cost"
-PRESET_VERSION = 1
+PRESET_VERSION = 2
+#: preset versions this dynacp reads
+PRESET_VERSIONS = (1, 2)
+#: CostModel fields that exist from preset version 2 on (the extended form)
+EXTENDED_FIELDS = ("attn_pow_coef", "attn_log_coef", "doc_overhead", "doc_hop_overhead", "doc_solo_overhead",
+                   "comm_overlap")
 
 #: columns each profile table must have (extra columns are kept and ignored)
 COLUMNS: dict[str, tuple[str, ...]] = {
@@ -240,9 +251,10 @@ def preset_from_json(data: Any, source: str = "<memory>") -> tuple[Any, dict[str
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"{source}: field 'format' is {got!r}, expected {PRESET_FORMAT!r} (a cost preset written by "
                          "`dynacp calibrate fit`)")
-    if data.get("version") != PRESET_VERSION:
-        raise ValueError(f"{source}: field 'version' is {data.get('version')!r}; this dynacp reads cost presets of "
-                         f"version {PRESET_VERSION} (re-run `dynacp calibrate fit` with this version)")
+    version = data.get("version")
+    if isinstance(version, bool) or version not in PRESET_VERSIONS:
+        raise ValueError(f"{source}: field 'version' is {version!r}; this dynacp reads cost presets of version "
+                         f"{' or '.join(map(str, PRESET_VERSIONS))} (re-run `dynacp calibrate fit` with this version)")
     fields = data.get("cost")
     if not isinstance(fields, dict):
         raise ValueError(f"{source}: field 'cost' must be an object of CostModel fields")
@@ -251,6 +263,9 @@ def preset_from_json(data: Any, source: str = "<memory>") -> tuple[Any, dict[str
     for k, v in fields.items():
         if k not in known:
             raise ValueError(f"{source}: field 'cost.{k}' is not a CostModel field; fields: {sorted(known)}")
+        if version < 2 and k in EXTENDED_FIELDS:
+            raise ValueError(f"{source}: field 'cost.{k}' needs preset version 2 (the extended model form), but the "
+                             f"file says version {version}; set 'version' to 2")
         if k not in ("name", "source"):
             v = _number(v, f"{source}: field 'cost.{k}'")
         setattr(cost, k, v)

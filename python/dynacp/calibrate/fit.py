@@ -14,6 +14,17 @@ The model fitted is the one the C++ solver reads today (docs/cost_model.md)::
   else (no ring in the profile, or the exchange always hidden behind attention) from the model's dimensions
   (``meta.kv_bytes_per_token``), or the base model's value.
 
+``form="extended"`` (``dynacp calibrate fit --form extended``; the default for ``--distca``) also fits the
+extended form's per-document terms (docs/cost_model.md, "Extended form"), added to ``T_compute``::
+
+    kp * sum eta s^1.5 / d + kl * sum eta s log2 s + n * (c_doc + c_hop (d - 1) + [d = 1] c_solo)     (n sequences)
+
+and, on the ``group`` table, ``comm_overlap`` phi (``T = T_compute + T_comm - phi min(T_attn, T_comm)``, the share of
+the exchange attention hides; 1 in the classic form) by a search over 0, 0.05, ..., 1; each column held at 0 when
+the profile cannot identify it (no group on one rank: ``c_solo``; every group of one
+sequence: ``c_doc`` and the per-group ``c`` are the same column, and ``c_doc`` takes it in the per-document
+``attention`` table, ``c`` in the ``group`` table). ``form="classic"`` (the default of :func:`fit`) leaves them 0.
+
 The report gives the rms and max relative error per term (each table fitted by its own term of the model form) and
 per length band (by the group's longest sequence), and the whole-group error of the model written out. A poor fit
 (rms over 20 % or max over 50 %) is logged as a WARNING on the ``dynacp`` logger.
@@ -40,6 +51,10 @@ POOR_RMS = 0.20
 """A term whose rms relative error exceeds this is reported as a poor fit (WARNING)."""
 POOR_MAX = 0.50
 """A term whose max relative error exceeds this is reported as a poor fit (WARNING)."""
+FORMS = ("classic", "extended")
+"""Model forms :func:`fit` can fit (docs/cost_model.md)."""
+EXTENDED_FIELDS = ("attn_pow_coef", "attn_log_coef", "doc_overhead", "doc_hop_overhead", "doc_solo_overhead")
+"""The CostModel fields of the extended form, in the order of :func:`extended_columns`."""
 
 
 @dataclass
@@ -82,6 +97,9 @@ class FitResult:
         lines = [f"cost model '{c.name}': attn_coef a = {c.attn_coef:.4e} s/token^2, linear_coef b = "
                  f"{c.linear_coef:.4e} s/token, group_overhead c = {c.group_overhead:.4e} s, kv_bytes_per_token = "
                  f"{c.kv_bytes_per_token:.6g} B"]
+        if c.extended:
+            lines.append("  extended form: " + ", ".join(f"{k} = {getattr(c, k):.4e}" for k in EXTENDED_FIELDS)
+                         + f" (s), comm_overlap = {c.comm_overlap:g} (see docs/cost_model.md)")
         for k, v in self.links.items():
             lines.append(f"  {k} = {v:.4e} {'B/s' if 'bandwidth' in k else 's'}")
         lines.append(f"{'term':<20}{'samples':>8}{'rms rel err':>13}{'max rel err':>13}")
@@ -98,6 +116,16 @@ class FitResult:
 
 def _eta(cost: Any, mask: str) -> float:
     return cost.full_factor if mask == "full" else cost.causal_factor
+
+
+def extended_columns(lengths: list[list[int]], degrees: np.ndarray, etas: np.ndarray) -> np.ndarray:
+    """Per group (one row each), the extended form's terms per unit coefficient, in :data:`EXTENDED_FIELDS` order:
+    ``sum eta s^1.5 / d``, ``sum eta s log2 s``, ``n``, ``n (d - 1)``, ``n [d = 1]`` (n = sequences of the group)."""
+    d = np.asarray(degrees, dtype=np.float64)
+    n = np.array([float(len(x)) for x in lengths])
+    pw = np.array([sum(float(s) ** 1.5 for s in x) for x in lengths]) * etas
+    lg = np.array([sum(float(s) * np.log2(float(s)) for s in x) for x in lengths]) * etas
+    return np.c_[pw / d, lg, n, n * (d - 1), n * (d == 1)]
 
 
 def _term(term: str, pred: np.ndarray, meas: np.ndarray, longest: Optional[np.ndarray]) -> TermFit:
@@ -151,13 +179,43 @@ class _Groups:
     cross: np.ndarray
     t: np.ndarray
     longest: np.ndarray
+    ext: Optional[np.ndarray] = None  # extended_columns of the rows (None: classic form)
+    ext_fixed: tuple[int, ...] = ()   # extended columns the rows cannot identify (held at 0)
+    overlap: float = 1.0               # comm_overlap phi: the share of min(attention, exchange) hidden
+    extra: Optional[np.ndarray] = None  # known seconds of each row (fixed extended terms; the online refit)
 
     @classmethod
-    def of(cls, rows: list[dict], cost: Any) -> _Groups:
-        return cls(np.array([_eta(cost, r["mask"]) * sum(float(x) ** 2 for x in r["lengths"]) for r in rows]),
-                   np.array([float(sum(r["lengths"])) for r in rows]), np.array([float(r["degree"]) for r in rows]),
-                   np.array([bool(r["crosses_nodes"]) for r in rows]), np.array([r["seconds"] for r in rows]),
-                   np.array([float(max(r["lengths"])) for r in rows]))
+    def of(cls, rows: list[dict], cost: Any, form: str = "classic") -> _Groups:
+        etas = np.array([_eta(cost, r["mask"]) for r in rows])
+        d = np.array([float(r["degree"]) for r in rows])
+        g = cls(etas * np.array([sum(float(x) ** 2 for x in r["lengths"]) for r in rows]),
+                np.array([float(sum(r["lengths"])) for r in rows]), d,
+                np.array([bool(r["crosses_nodes"]) for r in rows]), np.array([r["seconds"] for r in rows]),
+                np.array([float(max(r["lengths"])) for r in rows]))
+        if form == "extended":
+            g.ext = extended_columns([r["lengths"] for r in rows], d, etas)
+            # one sequence per group everywhere: c_doc is the per-group c (kept in c here)
+            g.ext_fixed = (2,) if np.all(g.ext[:, 2] == 1.0) else ()
+        return g
+
+    def columns(self, hidden: np.ndarray) -> np.ndarray:
+        """The design matrix: [S2/d (times 1 - phi where the exchange is not hidden), S/d, 1] + the extended
+        columns (T = max(attn, comm) + (1 - phi) min(attn, comm) + the rest)."""
+        X = np.c_[self.S2 / self.d * np.where(hidden, 1.0, 1.0 - self.overlap), self.S / self.d, np.ones_like(self.t)]
+        return X if self.ext is None else np.c_[X, self.ext]
+
+    def offset(self, hidden: np.ndarray, comm: np.ndarray) -> np.ndarray:
+        """The known seconds of each row for a fixed branch: the unhidden part of the exchange."""
+        known = np.where(hidden, (1.0 - self.overlap) * comm, comm)
+        return known if self.extra is None else known + self.extra
+
+    def predict(self, coef: np.ndarray, comm: np.ndarray) -> np.ndarray:
+        attn = coef[0] * self.S2 / self.d
+        base = (coef[1] * self.S / self.d + coef[2] + np.maximum(attn, comm)
+                + (1.0 - self.overlap) * np.minimum(attn, comm))
+        if self.extra is not None:
+            base = base + self.extra
+        return base if self.ext is None else base + self.ext @ coef[3:]
 
     def comm(self, kvb: float, lat: np.ndarray, bw: np.ndarray) -> np.ndarray:
         return np.where(self.d > 1, (self.d - 1) * (lat + self.S / self.d * kvb / bw), 0.0)
@@ -167,8 +225,8 @@ def _solve_branch(g: _Groups, hidden: np.ndarray, offset: np.ndarray) -> np.ndar
     """[a, b, c] for a fixed branch per row, by least squares on the log-symmetric relative error
     ``(p - t)^2 / (p t)`` (relative least squares, then 4 reweightings by t / p): plain relative least squares is
     biased low under noise (it penalises a prediction above a fast measurement more than one below a slow one)."""
-    X = np.c_[g.S2 / g.d * hidden, g.S / g.d, np.ones_like(g.t)]
-    fixed = [0] if not hidden.any() else []
+    X = g.columns(hidden)
+    fixed = ([0] if not hidden.any() and g.overlap == 1.0 else []) + [3 + j for j in g.ext_fixed]
     weights = None
     for _ in range(5):
         coef = nonneg_relative_lsq(X, g.t, weights=weights, offset=offset, fixed_zero=fixed)
@@ -180,14 +238,14 @@ def _fit_abc(g: _Groups, comm: np.ndarray) -> tuple[np.ndarray, float]:
     """(a, b, c) of T = b S/d + c + max(a S2/d, comm) and its error (sum of squared log ratios); the branch of every
     row is fixed, fitted and re-decided until it no longer changes (at most 50 rounds; deterministic)."""
     hidden = np.ones(g.t.size, dtype=bool)  # start: every exchange hidden behind attention
-    coef = np.zeros(3)
+    coef = np.zeros(3 if g.ext is None else 8)
     for _ in range(50):
-        coef = _solve_branch(g, hidden, np.where(hidden, 0.0, comm))
+        coef = _solve_branch(g, hidden, g.offset(hidden, comm))
         now = coef[0] * g.S2 / g.d >= comm
         if np.array_equal(now, hidden):
             break
         hidden = now
-    pred = np.maximum(coef[1] * g.S / g.d + coef[2] + np.maximum(coef[0] * g.S2 / g.d, comm), 1e-12 * g.t)
+    pred = np.maximum(g.predict(coef, comm), 1e-12 * g.t)
     return coef, float(np.sum(np.log(pred / g.t) ** 2))
 
 
@@ -200,7 +258,7 @@ def _link_arrays(g: _Groups, links: dict[str, float], cluster: Any) -> tuple[np.
     return lat, bw
 
 
-def fit_causal_factor(rows: list[dict], base: Any, comm_of: Any) -> tuple[float, bool]:
+def fit_causal_factor(rows: list[dict], base: Any, comm_of: Any, form: str = "classic") -> tuple[float, bool]:
     """The causal mask factor eta (relative to full_factor) that fits the groups best, on a grid of 0.25 to 1.5 in
     steps of 0.05, when the groups hold both masks; else ``base.causal_factor``. Returns (eta, fitted)."""
     if len({r["mask"] for r in rows}) < 2:
@@ -209,7 +267,7 @@ def fit_causal_factor(rows: list[dict], base: Any, comm_of: Any) -> tuple[float,
     trial = base.__class__(**dict(base.to_dict()))
     for eta in np.round(np.arange(0.25, 1.5001, 0.05), 2):
         trial.causal_factor = float(eta)
-        g = _Groups.of(rows, trial)
+        g = _Groups.of(rows, trial, form)
         err = _fit_abc(g, comm_of(g))[1]
         if err < best[0] - 1e-12:
             best = (err, float(eta))
@@ -241,21 +299,37 @@ def _search_kvb(g: _Groups, lat: np.ndarray, bw: np.ndarray, kv_default: float
     return c, kvb, True
 
 
+def _search_overlap(g: _Groups, comm: np.ndarray) -> float:
+    """comm_overlap phi (extended form): the best of 0, 0.05, ..., 1 for the groups (ties: the larger phi)."""
+    best = (float("inf"), 1.0)
+    for phi in np.round(np.arange(1.0, -0.0001, -0.05), 2):
+        g.overlap = float(phi)
+        err = _fit_abc(g, comm)[1]
+        if err < best[0] - 1e-12:
+            best = (err, float(phi))
+    return best[1]
+
+
 def _fit_groups(profile: Profile, base: Any, links: dict[str, float], cluster: Any,
-                kv_default: float) -> tuple[np.ndarray, float, str]:
+                kv_default: float, form: str = "classic") -> tuple[np.ndarray, float, str]:
     """(a, b, c), kv_bytes_per_token and a note on where the mask factor and kv_bytes_per_token came from; sets
     ``base.causal_factor`` when the groups hold both masks. The mask factor and kv_bytes_per_token are searched in
     turn, twice (each search fits a, b, c at every point it tries)."""
     rows = profile.rows("group")
-    if len(rows) < 3 or len({(r["degree"], sum(r["lengths"])) for r in rows}) < 3:
-        raise _too_few("compute (a, b, c)", "group", "at least 3 rows of different degree or tokens", len(rows),
+    need = 3 if form == "classic" else 8
+    keys = {(r["degree"], sum(r["lengths"])) + ((len(r["lengths"]),) if form == "extended" else ()) for r in rows}
+    if len(rows) < need or len(keys) < need:
+        raise _too_few("compute (a, b, c)" if form == "classic" else "compute (extended form)", "group",
+                       f"at least {need} rows of different degree, tokens or sequence count", len(rows),
                        profile.source)
     lat, bw = _link_arrays(_Groups.of(rows, base), links, cluster)
     ring = any(r["degree"] > 1 for r in rows)
     kvb, kv_fitted, eta_fitted = kv_default, False, False
     for _ in range(2 if ring else 1):
-        base.causal_factor, eta_fitted = fit_causal_factor(rows, base, lambda g, kv=kvb: g.comm(kv, lat, bw))
-        g = _Groups.of(rows, base)
+        base.causal_factor, eta_fitted = fit_causal_factor(rows, base, lambda g, kv=kvb: g.comm(kv, lat, bw), form)
+        g = _Groups.of(rows, base, form)
+        if ring and form == "extended":
+            g.overlap = base.comm_overlap = _search_overlap(g, g.comm(kvb, lat, bw))
         coef = _fit_abc(g, g.comm(kvb, lat, bw))[0]
         if ring:
             coef, kvb, kv_fitted = _search_kvb(g, lat, bw, kv_default)
@@ -270,30 +344,45 @@ def _fit_groups(profile: Profile, base: Any, links: dict[str, float], cluster: A
     return coef, kvb, note
 
 
-def _fit_components(profile: Profile, base: Any) -> tuple[np.ndarray, list[TermFit]]:
-    """(a, b, c) of a whole step from the per-layer attention and linear tables."""
+def attention_design(rows: list[dict], base: Any, form: str = "classic") -> tuple[np.ndarray, list[int]]:
+    """The design matrix of ``attention`` rows (per layer, per rank) and the columns held at 0: [eta sum s^2 / d,
+    sum s / d, 1] (a, b, c), then with ``form="extended"`` the :func:`extended_columns` (kp, kl, c_doc, c_hop,
+    c_solo). A table of single documents measures a per-document floor: c_doc takes it and c is held at 0."""
+    etas = np.array([_eta(base, r["mask"]) for r in rows])
+    d = np.array([float(r["degree"]) for r in rows])
+    X = np.c_[etas * np.array([sum(float(x) ** 2 for x in r["lengths"]) for r in rows]) / d,
+              np.array([float(sum(r["lengths"])) for r in rows]) / d, np.ones(len(rows))]
+    if form != "extended":
+        return X, []
+    ext = extended_columns([r["lengths"] for r in rows], d, etas)
+    return np.c_[X, ext], ([2] if np.all(ext[:, 2] == 1.0) else [])
+
+
+def _fit_components(profile: Profile, base: Any, form: str = "classic") -> tuple[np.ndarray, list[TermFit]]:
+    """(a, b, c) of a whole step (then the extended coefficients, with ``form="extended"``) from the per-layer
+    attention and linear tables."""
     att, lin = profile.rows("attention"), profile.rows("linear")
-    if len(att) < 3 or len({(sum(r["lengths"]), r["degree"]) for r in att}) < 3:
-        raise _too_few("attention", "attention", "at least 3 rows of different lengths or degrees", len(att),
-                       profile.source)
-    Xa = np.array([[_eta(base, r["mask"]) * sum(float(x) ** 2 for x in r["lengths"]) / r["degree"],
-                    sum(r["lengths"]) / r["degree"], 1.0] for r in att])
+    need = 3 if form == "classic" else 8
+    if len(att) < need or len({(sum(r["lengths"]), r["degree"]) for r in att}) < need:
+        raise _too_few("attention" if form == "classic" else "attention (extended form)", "attention",
+                       f"at least {need} rows of different lengths or degrees", len(att), profile.source)
+    Xa, fixed = attention_design(att, base, form)
     ta = np.array([r["seconds"] for r in att])
-    ca = nonneg_relative_lsq(Xa, ta)
+    ca = nonneg_relative_lsq(Xa, ta, fixed_zero=fixed)
     terms = [_term("attention", Xa @ ca, ta, np.array([float(max(r["lengths"])) for r in att]))]
-    cl = np.zeros(3)
+    cl = np.zeros(ca.size)
     if lin:
         if len({r["tokens"] for r in lin}) < 2:
             raise _too_few("linear", "linear", "rows of at least 2 different token counts", len(lin), profile.source)
         Xl = np.array([[0.0, float(r["tokens"]), 1.0] for r in lin])
         tl = np.array([r["seconds"] for r in lin])
-        cl = nonneg_relative_lsq(Xl, tl)
-        terms.append(_term("linear", Xl @ cl, tl, np.array([float(r["tokens"]) for r in lin])))
+        cl[:3] = nonneg_relative_lsq(Xl, tl)
+        terms.append(_term("linear", Xl @ cl[:3], tl, np.array([float(r["tokens"]) for r in lin])))
     return (ca + cl) * profile.layer_passes, terms
 
 
 def fit(profile: Union[Profile, str, Path], base: Any = None, *, name: str = "calibrated",
-        cluster: Any = None) -> FitResult:
+        cluster: Any = None, form: str = "classic") -> FitResult:
     """Fit the cost model (and the links) to a profile; see the module docstring.
 
     Args:
@@ -301,30 +390,39 @@ def fit(profile: Union[Profile, str, Path], base: Any = None, *, name: str = "ca
         base: the CostModel whose other fields (mask factors, memory) are kept (default ``dynacp.CostModel()``).
         name: the fitted model's ``name``.
         cluster: where link values not in the profile come from (default ``dynacp.Cluster()``'s defaults).
+        form: ``"classic"`` (a, b, c only; the extended coefficients of ``base`` are set to 0) or ``"extended"``
+            (also the per-document terms; docs/cost_model.md).
 
     Raises ValueError (naming the file and table) when a table has too few points to fit its term.
     """
     from dynacp import _core
 
+    if form not in FORMS:
+        raise ValueError(f"dynacp.calibrate.fit: form must be one of {FORMS}, got {form!r}")
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     base = _core.CostModel(**dict(base.to_dict())) if base is not None else _core.CostModel()
+    for k in EXTENDED_FIELDS:  # the groups are fitted from scratch in the form asked for
+        setattr(base, k, 0.0)
+    base.comm_overlap = 1.0
     cluster = cluster if cluster is not None else _core.Cluster()
     links, terms = fit_links(prof)
     kv_default = float(prof.meta.get("kv_bytes_per_token", base.kv_bytes_per_token))
     notes = []
     if prof.rows("group"):
-        abc, kvb, note = _fit_groups(prof, base, links, cluster, kv_default)
+        abc, kvb, note = _fit_groups(prof, base, links, cluster, kv_default, form)
         if prof.rows("attention"):
-            terms += _fit_components(prof, base)[1]
+            terms += _fit_components(prof, base, form)[1]
     else:
-        abc, comp_terms = _fit_components(prof, base)
+        abc, comp_terms = _fit_components(prof, base, form)
         terms += comp_terms
         kvb, note = kv_default, "kv_bytes_per_token from the model dimensions (the profile has no group table)"
     notes.append(note)
     if not links:
         notes.append("links: the profile has no p2p table; the Cluster's link fields are not changed")
     cost = _core.CostModel(**{k: v for k, v in dict(base.to_dict()).items()})
-    cost.attn_coef, cost.linear_coef, cost.group_overhead = (float(x) for x in abc)
+    cost.attn_coef, cost.linear_coef, cost.group_overhead = (float(x) for x in abc[:3])
+    for k, v in zip(EXTENDED_FIELDS, abc[3:]):
+        setattr(cost, k, float(v))
     cost.kv_bytes_per_token = kvb
     cost.name = name
     result = FitResult(cost, links, terms, notes)
@@ -361,9 +459,25 @@ def group_error(profile: Profile, cost: Any, links: dict[str, float], cluster: A
 
 
 def fit_to_file(profile: Union[Profile, str, Path], out: Union[str, Path], base: Any = None,
-                name: str = "calibrated") -> FitResult:
+                name: str = "calibrated", form: str = "classic") -> FitResult:
     """:func:`fit`, then write the preset file ``out`` (read by ``dynacp.CostModel.load`` and ``--cost FILE``)."""
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
-    result = fit(prof, base, name=name)
+    result = fit(prof, base, name=name, form=form)
     save_preset(out, result.cost, result.links, result.report_dict(), prof.meta)
     return result
+
+
+def cross_validate_attention(rows: list[dict], base: Any = None, form: str = "extended") -> np.ndarray:
+    """Leave-one-out relative errors (fractions, signed) of the ``attention`` fit of :func:`fit` in ``form``: each
+    row predicted by the fit (``attention_design`` + non-negative relative least squares) of all the others."""
+    from dynacp import _core
+
+    base = base if base is not None else _core.CostModel()
+    X, fixed = attention_design(rows, base, form)
+    t = np.array([r["seconds"] for r in rows])
+    errors = np.empty(t.size)
+    for i in range(t.size):
+        keep = np.arange(t.size) != i
+        coef = nonneg_relative_lsq(X[keep], t[keep], fixed_zero=fixed)
+        errors[i] = (X[i] @ coef - t[i]) / t[i]
+    return errors

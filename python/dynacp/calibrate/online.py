@@ -4,7 +4,8 @@ Every rank records each microbatch it trains with its measured forward + backwar
 (:meth:`~dynacp.integration.wrapper.DynamicCPDataIterator.measure` times it with CUDA events on GPU, perf_counter on
 CPU; or pass seconds to ``record``). Every ``refit_every`` global batches, when the next plan is submitted, the pool
 all-gathers the records, pool rank 0 refits the compute terms (a, b, c) of the cost model on the recorded group
-times (the slowest member of each ring counts) and broadcasts the new coefficients together with its last plan
+times (an extended-form model keeps its extended terms and ``comm_overlap`` as they are: a, b, c are fitted beside
+them; docs/cost_model.md) (the slowest member of each ring counts) and broadcasts the new coefficients together with its last plan
 digest; every rank checks the digest and plans from then on with the received model, bit for bit the same.
 
 The refit is robust and bounded, and deterministic given the same records:
@@ -25,7 +26,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from dynacp.calibrate.fit import _fit_abc, _Groups
+from dynacp.calibrate.fit import EXTENDED_FIELDS, _fit_abc, _Groups, extended_columns
 from dynacp.calibrate.lsq import relative_errors
 
 logger = logging.getLogger("dynacp")
@@ -102,6 +103,10 @@ def _groups(records: Sequence[GroupRecord], cost: Any, cluster: Any) -> tuple[_G
     rows = [{"lengths": list(r.lengths), "degree": len(r.ring), "mask": "causal",
              "crosses_nodes": _crosses(r.ring, cluster.ranks_per_node), "seconds": r.seconds} for r in records]
     g = _Groups.of(rows, cost)
+    if cost.extended:  # the extended terms stay as they are; a, b, c are refitted beside them
+        g.overlap = float(cost.comm_overlap)
+        g.extra = extended_columns([r["lengths"] for r in rows], g.d, np.full(g.d.size, float(cost.causal_factor))) @ \
+            np.array([getattr(cost, k) for k in EXTENDED_FIELDS])
     lat = np.where(g.cross, cluster.inter_node_latency, cluster.intra_node_latency)
     bw = np.where(g.cross, cluster.inter_node_bandwidth, cluster.intra_node_bandwidth)
     return g, g.comm(cost.kv_bytes_per_token, lat, bw)
@@ -112,7 +117,7 @@ def _crosses(ring: Sequence[int], ranks_per_node: int) -> bool:
 
 
 def _predict(g: _Groups, comm: np.ndarray, abc: np.ndarray) -> np.ndarray:
-    return abc[1] * g.S / g.d + abc[2] + np.maximum(abc[0] * g.S2 / g.d, comm)
+    return g.predict(np.asarray(abc, dtype=np.float64), comm)
 
 
 def refit(cost: Any, cluster: Any, records: Sequence[GroupRecord], options: RefitOptions,
@@ -134,7 +139,8 @@ def refit(cost: Any, cluster: Any, records: Sequence[GroupRecord], options: Refi
     mad = 1.4826 * np.median(np.abs(res - med))
     inlier = np.abs(res - med) <= options.outlier_mads * max(mad, 1e-3)
     if inlier.sum() >= options.min_samples and not inlier.all():
-        sub = _Groups(g.S2[inlier], g.S[inlier], g.d[inlier], g.cross[inlier], g.t[inlier], g.longest[inlier])
+        sub = _Groups(g.S2[inlier], g.S[inlier], g.d[inlier], g.cross[inlier], g.t[inlier], g.longest[inlier],
+                      overlap=g.overlap, extra=None if g.extra is None else g.extra[inlier])
         abc = _fit_abc(sub, comm[inlier])[0]
     hi = 1.0 + options.max_change
     bounded = np.where(old > 0, np.clip(abc, old / hi, old * hi), abc)

@@ -1,4 +1,7 @@
-"""A model form that can express real attention kernels -- PROTOTYPE, NOT YET READ BY THE C++ COST MODEL OR SOLVER.
+"""A model form that can express real attention kernels -- PROTOTYPE, NOT READ BY THE C++ COST MODEL OR SOLVER.
+
+Superseded by the C++ model's extended form (docs/cost_model.md, "Extended form"; ``fit(..., form="extended")``),
+whose terms aggregate over a group; this per-document table stays as an experiment.
 
 The C++ ``CostModel`` prices one document of s tokens on d ranks as ``eta*a*s^2/d + b*s/d + c``. On the real H100
 attention measurements (distca ``compute-attn-H100.csv``) that form is off by up to 41 % (leave-one-out), because
