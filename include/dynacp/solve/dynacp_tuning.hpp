@@ -47,6 +47,10 @@ struct DynacpTuning {
   /// The extra-target and tiled walks run at the mus of the best `walk_mus` plain grid points only (0 = the whole
   /// grid): the winners cluster around the best plain mu.
   int walk_mus = 2;
+  /// Coarse to fine: the plain walk tries only the first `coarse_rules` degree rules (ring_targets, each relative and
+  /// in seconds, in that order) over the whole mu grid and the others at the best walk_mus points (0 = all rules
+  /// everywhere).
+  int coarse_rules = 0;
   /// Extra targets, fractions of the whole bound, used when it exceeds the microbatch scale by extra_threshold.
   double extra_threshold = 1.02;
   std::vector<double> extra_targets = {0.95, 1.05, 1.2};

@@ -37,6 +37,7 @@ void DynacpTuning::validate() const {
   at_least("search_items", search_items, 0), at_least("knee_max_multiple", knee_max_multiple, 1);
   at_least("slot_tau_grid", slot_tau_grid, 1), at_least("mu_grid", mu_grid, 2), at_least("break_mus", break_mus, 0);
   at_least("walk_mus", walk_mus, 0), at_least("break_points", break_points, 0);
+  at_least("coarse_rules", coarse_rules, 0);
   at_least("variant_trials", variant_trials, 0), at_least("shelf_giants", shelf_giants, 0);
   at_least("shelf_orders", shelf_orders, 0), at_least("shelf_layouts", shelf_layouts, 0);
   at_least("shelf_stride_ranks", shelf_stride_ranks, 1), at_least("unit_giants", unit_giants, 0);

@@ -161,7 +161,16 @@ std::vector<TargetRule> extra_rules(const SearchContext& c) {
 // Plain per-rank lists: the mu grid, mu refined around the best, then lead and order variants of the best few.
 void plain(SearchContext& c) {
   const std::size_t me = family_index("plain");
-  walk(c, grid(c, c.lb_pp), {}, c.targets_at(c.lb_pp), {false}, me, true, false);
+  const auto rules = c.targets_at(c.lb_pp);
+  const auto coarse = std::min(rules.size(), static_cast<std::size_t>(c.tune.coarse_rules));
+  if (coarse == 0 || coarse == rules.size()) {
+    walk(c, grid(c, c.lb_pp), {}, rules, {false}, me, true, false);
+  } else {  // coarse to fine: the first rules over the whole grid, the others at the best grid points only
+    const std::vector<TargetRule> first(rules.begin(), rules.begin() + static_cast<std::ptrdiff_t>(coarse));
+    const std::vector<TargetRule> rest(rules.begin() + static_cast<std::ptrdiff_t>(coarse), rules.end());
+    walk(c, grid(c, c.lb_pp), {}, first, {false}, me, true, false);
+    walk(c, best_mus(c), first, rest, {false}, me, true, false);
+  }
   if (c.trials.empty()) return;
   const auto best = *std::min_element(c.trials.begin(), c.trials.end(),
                                       [](const auto& x, const auto& y) { return x.score < y.score; });
