@@ -22,6 +22,7 @@
 
 #include "dynacp/model/error.hpp"
 #include "dynacp/solve/evaluate.hpp"
+#include "dynacp/solve/local_search.hpp"
 #include "dynacp/solve/microbatch.hpp"
 #include "dynacp/solve/partitions.hpp"
 #include "dynacp/solve/placement.hpp"
@@ -1591,10 +1592,11 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
   if (options.pp > 1)
     std::erase_if(candidates, [&](const Plan& p) { return !counts_ok(p, cluster.num_ranks, options); });
   if (auto best = best_of(std::move(candidates), batch, cluster, cost, options)) {
-    if (options.pp <= 1) return std::move(*best);
+    if (options.pp <= 1) return local_search(std::move(*best), batch, cluster, cost, options);
     double t = score(*best, batch, cluster, cost, options);
     Plan polished = reorder_classes(std::move(*best), &t, batch, cluster, cost, options);
-    return reorder_rings(std::move(polished), t, batch, cluster, cost, options);
+    return local_search(reorder_rings(std::move(polished), t, batch, cluster, cost, options), batch, cluster, cost,
+                        options);
   }
   if (options.pp <= 1) throw Error("dynacp: no candidate plan could be scored (a bug)");
   if (Plan p = pool_slots(batch, cluster, cost, options.vpp > 1 ? options.pp : 1); !p.microbatches.empty()) return p;
