@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numeric>
 #include <vector>
 
@@ -25,12 +26,34 @@ class Climber {
     best_ = score(start, batch, cluster, cost, options);
   }
 
-  // Rounds of first-improvement moves until one finds nothing or a budget runs out; whether any move was kept.
+  // Rounds of first-improvement moves until one finds nothing or a budget runs out, then kicks: the k-th move of a
+  // round (k = 0, 1, ...) taken whatever it costs, and the climb again from there; kept when the climb ends below
+  // the best plan so far (k starts again at 0), else undone. Whether any move was kept.
   bool run() {
     if (!std::isfinite(best_) || groups_.empty()) return false;
-    bool improved = false;
-    while (!out_of_budget() && round()) improved = true;
-    return improved;
+    const double start = best_;
+    climb();
+    Groups best = groups_;
+    double best_t = best_;
+    for (int k = 0; k < tuning_.kicks && !out_of_budget(); ++k) {
+      kick_ = k, seen_ = 0;
+      const bool kicked = round();
+      kick_ = -1;
+      if (!kicked) break;  // a round has fewer than k + 1 moves
+      climb();
+      if (best_ < best_t * (1 - tuning_.min_gain)) {
+        best = groups_, best_t = best_, k = -1;
+      } else {
+        groups_ = best, best_ = best_t;
+      }
+    }
+    groups_ = std::move(best), best_ = best_t;
+    return best_ < start;
+  }
+
+  void climb() {
+    while (!out_of_budget() && round()) {
+    }
   }
 
   Plan plan() const { return to_plan(groups_); }
@@ -46,9 +69,11 @@ class Climber {
   }
 
   // Per rank: its finish time on the group timeline (pp = 1) or its summed group time (pp > 1).
-  std::vector<double> heat() const {
+  std::vector<double> heat(std::size_t skip = SIZE_MAX) const {
     std::vector<double> h(static_cast<std::size_t>(P_), 0.0);
-    for (const Group& g : groups_) {
+    for (std::size_t i = 0; i < groups_.size(); ++i) {
+      if (i == skip) continue;
+      const Group& g = groups_[i];
       const double t = group_time(g);
       double start = 0.0;
       if (options_.pp <= 1)
@@ -97,10 +122,11 @@ class Climber {
       return false;
     }
     if (!counts_ok(next)) return false;
+    if (kick_ >= 0 && seen_++ != kick_) return false;  // a kick takes only the kick_-th move
     ++evaluations_;
     work_ += static_cast<std::int64_t>(next.size()) + P_ + static_cast<std::int64_t>(batch_.size());
     const double t = score(to_plan(next), batch_, cluster_, cost_, options_);
-    if (!(t < best_ * (1 - tuning_.min_gain))) return false;
+    if (kick_ >= 0 ? !std::isfinite(t) : !(t < best_ * (1 - tuning_.min_gain))) return false;
     best_ = t, groups_ = std::move(next);
     return true;
   }
@@ -125,17 +151,102 @@ class Climber {
                                       [&](int r) { return hot[static_cast<std::size_t>(r)] != 0; });
       (on_hot ? first : later).push_back(a);
     }
-    for (const auto* list : {&first, &later})
-      for (std::size_t a : *list) {
-        if (moves_of(a)) return true;
-        if (stop_) return false;
+    for (std::size_t a : first) {
+      if (moves_of(a)) return true;
+      if (stop_) return false;
+    }
+    if (relabel_moves()) return true;
+    for (std::size_t a : later) {
+      if (moves_of(a)) return true;
+      if (stop_) return false;
+    }
+    return false;
+  }
+
+  // The whole plan with its ranks renamed by `to` (a permutation): every group keeps its sequences and partners,
+  // only which rings cross nodes changes.
+  bool relabel(const std::vector<int>& to) {
+    Groups next = groups_;
+    for (Group& g : next) {
+      for (int& r : g.ranks) r = to[static_cast<std::size_t>(r)];
+      std::sort(g.ranks.begin(), g.ranks.end());
+    }
+    return attempt(std::move(next));
+  }
+
+  // Rank renamings that move rings across or into nodes: the striped one (rank r of node k becomes rank k of node
+  // r, so that consecutive ranks lie on different nodes), then two ranks of different nodes swapped.
+  bool relabel_moves() {
+    const int rpn = cluster_.ranks_per_node, nodes = cluster_.num_nodes();
+    if (nodes < 2 || stop_) return false;
+    std::vector<int> to(static_cast<std::size_t>(P_));
+    if (rpn > 1) {
+      for (int r = 0; r < P_; ++r) to[static_cast<std::size_t>(r)] = (r % nodes) * rpn + r / nodes;
+      if (relabel(to)) return true;
+    }
+    for (int x = 0; x < P_ && !stop_; ++x)
+      for (int y = x + 1; y < P_ && !stop_; ++y) {
+        if (cluster_.node_of(x) == cluster_.node_of(y)) continue;
+        std::iota(to.begin(), to.end(), 0);
+        std::swap(to[static_cast<std::size_t>(x)], to[static_cast<std::size_t>(y)]);
+        if (relabel(to)) return true;
       }
     return false;
   }
 
   bool moves_of(std::size_t a) {
-    return sequence_moves(a) || swap_moves(a) || ring_moves(a) || merge_moves(a) || split_moves(a) ||
-           order_moves(a);
+    return sequence_moves(a) || swap_moves(a) || ring_moves(a) || replace_moves(a) || merge_moves(a) ||
+           split_moves(a) || order_moves(a);
+  }
+
+  // The d coolest ranks without group `skip` (ties: the lower rank, or with spread, the rank earlier in the striped
+  // order that alternates nodes), ascending.
+  std::vector<int> coolest(int d, std::size_t skip, bool spread) const {
+    const std::vector<double> h = heat(skip);
+    const int nodes = cluster_.num_nodes(), rpn = cluster_.ranks_per_node;
+    auto stripe = [&](int r) { return spread ? (r % rpn) * nodes + r / rpn : r; };
+    std::vector<int> ranks(static_cast<std::size_t>(P_));
+    std::iota(ranks.begin(), ranks.end(), 0);
+    std::stable_sort(ranks.begin(), ranks.end(), [&](int x, int y) {
+      const double hx = h[static_cast<std::size_t>(x)], hy = h[static_cast<std::size_t>(y)];
+      return hx != hy ? hx < hy : stripe(x) < stripe(y);
+    });
+    ranks.resize(static_cast<std::size_t>(d));
+    std::sort(ranks.begin(), ranks.end());
+    return ranks;
+  }
+
+  // Group a placed anew, last in the run order, on the d coolest ranks of the plan without it (packed or spread
+  // over nodes), for every degree d; and each of its sequences (when it has several) taken out into a group of its
+  // own placed so.
+  bool replace_moves(std::size_t a) {
+    auto place = [&](Groups next, std::size_t from, Group g) {
+      const std::int64_t tokens = group_stats(batch_, cost_, g.sequences).tokens;
+      for (int d = std::max(1, cost_.min_degree(tokens, cluster_)); d <= P_ && !stop_; ++d)
+        for (bool spread : {false, true}) {
+          if (spread && cluster_.num_nodes() < 2) continue;
+          g.ranks = coolest(d, from, spread);
+          if (!fits(g)) continue;
+          Groups trial = next;
+          trial.push_back(g);
+          if (attempt(std::move(trial))) return true;
+        }
+      return false;
+    };
+    {
+      Groups next = groups_;
+      next.erase(next.begin() + static_cast<std::ptrdiff_t>(a));
+      if (place(std::move(next), a, groups_[a])) return true;
+    }
+    if (groups_[a].sequences.size() < 2) return false;
+    for (std::size_t i = 0; i < groups_[a].sequences.size() && !stop_; ++i) {
+      Groups next = groups_;
+      const std::int64_t s = next[a].sequences[i];
+      next[a].sequences.erase(next[a].sequences.begin() + static_cast<std::ptrdiff_t>(i));
+      if (!fits(next[a])) continue;
+      if (place(std::move(next), SIZE_MAX, Group{{}, {s}})) return true;
+    }
+    return false;
   }
 
   // A sequence of group a to another group (a vanishes when it was its only sequence).
@@ -291,6 +402,7 @@ class Climber {
   int evaluations_ = 0;
   std::int64_t work_ = 0;
   bool stop_ = false;
+  int kick_ = -1, seen_ = 0;  // kick_ >= 0: attempt() takes the kick_-th move it sees (seen_ counts them)
 };
 
 }  // namespace

@@ -31,6 +31,9 @@ struct LocalSearchTuning {
   /// Split moves try every two-way split of a group's sequences up to this many sequences; a larger group splits
   /// off one sequence at a time.
   int split_all_up_to = 6;
+  /// Kicks once the climb stalls: the k-th move of a round (k = 0 .. kicks - 1, hot ranks' groups first) is taken
+  /// even when it costs, the climb runs again, and the result is kept only when it beats the best plan so far.
+  int kicks = 64;
 };
 
 /// Improves `start` (a valid plan of `batch` meeting options.count_policy) by first-improvement hill climbing and
