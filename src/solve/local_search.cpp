@@ -285,7 +285,8 @@ class Climber {
     return false;
   }
 
-  // Ring a shrunk by one rank, one rank shifted to another (coolest first; across nodes too), or grown by one.
+  // Ring a shrunk by one rank, grown by one of another ring's (which gives it up), or one rank shifted to another
+  // (coolest first; across nodes too), or grown by one.
   bool ring_moves(std::size_t a) {
     const std::vector<int>& ranks = groups_[a].ranks;
     auto with = [&](std::vector<int> r) {
@@ -298,6 +299,18 @@ class Climber {
       std::vector<int> r = ranks;
       r.erase(r.begin() + static_cast<std::ptrdiff_t>(i));
       if (with(std::move(r))) return true;
+    }
+    for (std::size_t b = 0; b < groups_.size(); ++b) {  // a rank handed over from another ring
+      if (b == a || groups_[b].ranks.size() < 2) continue;
+      for (std::size_t i = 0; i < groups_[b].ranks.size() && !stop_; ++i) {
+        const int r = groups_[b].ranks[i];
+        if (std::find(ranks.begin(), ranks.end(), r) != ranks.end()) continue;
+        Groups next = groups_;
+        next[b].ranks.erase(next[b].ranks.begin() + static_cast<std::ptrdiff_t>(i));
+        next[a].ranks.push_back(r);
+        std::sort(next[a].ranks.begin(), next[a].ranks.end());
+        if (fits(next[a]) && fits(next[b]) && attempt(std::move(next))) return true;
+      }
     }
     for (int target : cool_) {
       if (std::find(ranks.begin(), ranks.end(), target) != ranks.end()) continue;
@@ -336,11 +349,18 @@ class Climber {
   }
 
   // Group a's sequences split in two (every split up to split_all_up_to sequences, else one sequence off): one
-  // part after the other on a's ranks, or side by side on a's ranks cut in two.
+  // part after the other on a's ranks, or side by side on a's ranks cut in two (in index order, or alternating
+  // over nodes).
   bool split_moves(std::size_t a) {
     const Group g = groups_[a];
     const std::size_t k = g.sequences.size();
     if (k < 2) return false;
+    // a's ranks in index order, and alternating over their nodes (so that both parts may cross nodes)
+    std::vector<int> striped = g.ranks;
+    const int rpn = cluster_.ranks_per_node, nodes = cluster_.num_nodes();
+    std::stable_sort(striped.begin(), striped.end(),
+                     [&](int x, int y) { return (x % rpn) * nodes + x / rpn < (y % rpn) * nodes + y / rpn; });
+    const bool spread = striped != g.ranks;
     std::vector<std::uint64_t> parts;  // bit i: sequence i goes to the first part
     if (k <= static_cast<std::size_t>(tuning_.split_all_up_to))
       for (std::uint64_t m = 1; m + 1 < (std::uint64_t{1} << k); ++m) parts.push_back(m);
@@ -351,6 +371,7 @@ class Climber {
       for (std::size_t i = 0; i < k; ++i) (m >> i & 1 ? x : y).sequences.push_back(g.sequences[i]);
       auto place = [&](std::vector<int> rx, std::vector<int> ry) {
         Groups next = groups_;
+        std::sort(rx.begin(), rx.end()), std::sort(ry.begin(), ry.end());
         x.ranks = std::move(rx), y.ranks = std::move(ry);
         if (!fits(x) || !fits(y)) return false;
         next[a] = x;
@@ -358,10 +379,13 @@ class Climber {
         return attempt(std::move(next));
       };
       if (place(g.ranks, g.ranks)) return true;
-      for (std::size_t cut = 1; cut < g.ranks.size() && !stop_; ++cut)
-        if (place({g.ranks.begin(), g.ranks.begin() + static_cast<std::ptrdiff_t>(cut)},
-                  {g.ranks.begin() + static_cast<std::ptrdiff_t>(cut), g.ranks.end()}))
-          return true;
+      for (const std::vector<int>* order : {&g.ranks, static_cast<const std::vector<int>*>(&striped)}) {
+        if (order == &striped && !spread) continue;
+        for (std::size_t cut = 1; cut < order->size() && !stop_; ++cut)
+          if (place({order->begin(), order->begin() + static_cast<std::ptrdiff_t>(cut)},
+                    {order->begin() + static_cast<std::ptrdiff_t>(cut), order->end()}))
+            return true;
+      }
       if (stop_) return false;
     }
     return false;
