@@ -434,6 +434,7 @@ class Climber {
 Plan local_search(Plan start, const Batch& batch, const Cluster& cluster, const CostModel& cost,
                   const PlanOptions& options, const LocalSearchTuning& tuning,
                   std::chrono::steady_clock::time_point deadline) {
+  if (static_cast<int>(batch.size()) > tuning.max_sequences || cluster.num_ranks > tuning.max_ranks) return start;
   Climber climber(start, batch, cluster, cost, options, tuning, deadline);
   if (!climber.run()) return start;
   Plan out = climber.plan();

@@ -2,7 +2,8 @@
 // than intra-node ones): every plan is enumerated (solve::exhaustive_optimum) and priced by the evaluator dynacp
 // uses. No plan may beat the lower bound, and dynacp must be within 2 % of the optimum on at least 95 % of the
 // instances and within 5 % on all. The gap distribution is printed (docs/strategies.md records it).
-//   DYNACP_EXHAUSTIVE_INSTANCES=N overrides the instances per pp (default 60).
+//   DYNACP_EXHAUSTIVE_INSTANCES=N overrides the instances per pp (default 60), DYNACP_EXHAUSTIVE_PP=p runs one pp,
+//   DYNACP_EXHAUSTIVE_VERBOSE=1 prints every instance, DYNACP_EXHAUSTIVE_SHOW=pp:i both plans of one instance.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -199,7 +200,9 @@ TEST(Exhaustive, TwoSequencesTwoRanksByHand) {
 
 TEST(Exhaustive, DynacpNearOptimumAndNothingBelowTheBound) {
   const int per_pp = instances_per_pp();
+  const char* only = std::getenv("DYNACP_EXHAUSTIVE_PP");  // one pp only (1, 2 or 4)
   for (int pp : {1, 2, 4}) {
+    if (only && std::atoi(only) != pp) continue;
     std::mt19937_64 rng(1000 + static_cast<unsigned>(pp));
     std::vector<double> gaps;
     int incomplete = 0;

@@ -19,10 +19,14 @@ struct LocalSearchTuning {
   /// Most score() calls in one search (each prices a whole plan: the group timeline for pp = 1, the pipeline
   /// simulator for pp > 1).
   int max_evaluations = 3000;
-  /// Most plan-size units in one search: each score() call spends the plan's groups + ranks + sequences. This is
-  /// what bounds the cost on large pools (a plan of 64 ranks and 512 sequences affords a few dozen calls), while
-  /// tiny plans stop at max_evaluations.
+  /// Most plan-size units in one search: each score() call spends the plan's groups + ranks + sequences, so larger
+  /// plans (where each call costs more) afford fewer calls; tiny plans stop at max_evaluations.
   std::int64_t max_work = 40'000;
+  /// The search runs only on batches of at most this many sequences on at most max_ranks ranks (others come back
+  /// unchanged): every move re-prices the whole plan, which at 64 ranks and 512 sequences costs about a millisecond
+  /// under pp = 4 (measured: a budget of a few hundred calls tripled dynacp's solve time there).
+  int max_sequences = 24;
+  int max_ranks = 16;
   /// A move is kept only when it lowers the score by more than this fraction of it.
   double min_gain = 1e-9;
   /// The hottest ranks whose groups the moves start from in each round (ranks by finish time for pp = 1, by summed
@@ -33,7 +37,7 @@ struct LocalSearchTuning {
   int split_all_up_to = 6;
   /// Kicks once the climb stalls: the k-th move of a round (k = 0 .. kicks - 1, hot ranks' groups first) is taken
   /// even when it costs, the climb runs again, and the result is kept only when it beats the best plan so far.
-  int kicks = 64;
+  int kicks = 256;
 };
 
 /// Improves `start` (a valid plan of `batch` meeting options.count_policy) by first-improvement hill climbing and
