@@ -174,9 +174,22 @@ class Climber {
     return attempt(std::move(next));
   }
 
+  // Whole-order moves: the run order reversed, and rotated (its first k groups moved to the end, k = 1 .. G - 1).
+  bool order_block_moves() {
+    if (groups_.size() < 2 || stop_) return false;
+    if (attempt(Groups(groups_.rbegin(), groups_.rend()))) return true;
+    for (std::size_t k = 1; k < groups_.size() && !stop_; ++k) {
+      Groups next = groups_;
+      std::rotate(next.begin(), next.begin() + static_cast<std::ptrdiff_t>(k), next.end());
+      if (attempt(std::move(next))) return true;
+    }
+    return false;
+  }
+
   // Rank renamings that move rings across or into nodes: the striped one (rank r of node k becomes rank k of node
   // r, so that consecutive ranks lie on different nodes), then two ranks of different nodes swapped.
   bool relabel_moves() {
+    if (order_block_moves()) return true;
     const int rpn = cluster_.ranks_per_node, nodes = cluster_.num_nodes();
     if (nodes < 2 || stop_) return false;
     std::vector<int> to(static_cast<std::size_t>(P_));
