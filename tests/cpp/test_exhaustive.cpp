@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -20,6 +21,7 @@
 #include "dynacp/sim/planner.hpp"
 #include "dynacp/solve/evaluate.hpp"
 #include "dynacp/solve/exhaustive.hpp"
+#include "dynacp/solve/local_search.hpp"
 #include "dynacp/solve/timeline.hpp"
 
 using namespace dynacp;
@@ -248,4 +250,48 @@ TEST(Exhaustive, DynacpNearOptimumAndNothingBelowTheBound) {
     EXPECT_GE(share_within(0.05), 0.98) << "pp " << pp;
     EXPECT_LE(incomplete, per_pp * 3 / 20) << "pp " << pp << ": too many searches stopped at their limit";
   }
+}
+
+// The local search on its own: from another strategy's plan (packing, fcp) on random small instances, at pp 1, 2 and
+// 4 and both count policies, its plan is valid, meets the count policy, is never slower than the start, and is the
+// same on a second run.
+TEST(LocalSearch, ValidNeverWorseDeterministic) {
+  std::mt19937_64 rng(77);
+  int improved = 0, runs = 0;
+  for (int it = 0; it < 24; ++it) {
+    const int pp = it % 3 == 0 ? 1 : (it % 3 == 1 ? 2 : 4);
+    const Instance in = random_instance(rng, pp);
+    PlanOptions o = priced(pp, in.batch, in.cluster, in.cost);
+    o.count_policy = it % 4 == 3 ? CountPolicy::Equal : CountPolicy::Variable;
+    for (const char* name : {"packing", "fcp"}) {
+      PlanOptions s;
+      s.strategy = name;
+      s.pp = pp;
+      Plan start;
+      try {
+        start = plan(in.batch, in.cluster, in.cost, s);
+      } catch (const Error&) {
+        continue;  // an anchor plan the simulator rejects
+      }
+      const std::vector<int> counts = start.microbatch_counts(in.cluster.num_ranks);
+      if (o.count_policy == CountPolicy::Equal && std::adjacent_find(counts.begin(), counts.end(),
+                                                                     std::not_equal_to<>()) != counts.end())
+        continue;  // the start must meet the policy
+      const double before = solve::score(start, in.batch, in.cluster, in.cost, o);
+      const Plan a = solve::local_search(start, in.batch, in.cluster, in.cost, o);
+      const Plan b = solve::local_search(start, in.batch, in.cluster, in.cost, o);
+      ++runs;
+      a.validate(in.batch, in.cluster, in.cost);
+      EXPECT_EQ(a.digest(), b.digest()) << "instance " << it << " " << name;
+      const double after = solve::score(a, in.batch, in.cluster, in.cost, o);
+      EXPECT_LE(after, before) << "instance " << it << " " << name;
+      if (after < before * (1 - 1e-9)) ++improved;
+      if (o.count_policy == CountPolicy::Equal) {
+        const std::vector<int> n = a.microbatch_counts(in.cluster.num_ranks);
+        EXPECT_TRUE(std::all_of(n.begin(), n.end(), [&](int c) { return c == n.front(); })) << "instance " << it;
+      }
+    }
+  }
+  EXPECT_GT(runs, 24);
+  EXPECT_GT(improved, runs / 2);  // the anchors leave a lot to gain on these pools
 }
