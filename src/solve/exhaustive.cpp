@@ -25,8 +25,14 @@ class Search {
  public:
   Search(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options,
          const ExhaustiveLimits& limits)
-      : batch_(batch), cluster_(cluster), cost_(cost), options_(options), limits_(limits),
-        P_(cluster.num_ranks), n_(static_cast<int>(batch.size())), pp_(std::max(options.pp, 1)) {
+      : batch_(batch),
+        cluster_(cluster),
+        cost_(cost),
+        options_(options),
+        limits_(limits),
+        P_(cluster.num_ranks),
+        n_(static_cast<int>(batch.size())),
+        pp_(std::max(options.pp, 1)) {
     tabulate();
     load_.assign(static_cast<std::size_t>(P_), 0.0);
     count_.assign(static_cast<std::size_t>(P_), 0);
@@ -58,14 +64,16 @@ class Search {
         }
       for (int d = 1; d <= P_; ++d) {
         if (group_rows(batch_, cluster_, ids, d) > cap) continue;
-        for (int cross = 0; cross < 2; ++cross) time_[index(s, d, cross != 0)] = cost_.time(st, d, cross != 0, cluster_);
+        for (int cross = 0; cross < 2; ++cross)
+          time_[index(s, d, cross != 0)] = cost_.time(st, d, cross != 0, cluster_);
       }
     }
     single_.assign(static_cast<std::size_t>(n_), kInf);
     for (int i = 0; i < n_; ++i)
       for (int d = 1; d <= P_; ++d)
         for (int cross = 0; cross < 2; ++cross)
-          single_[static_cast<std::size_t>(i)] = std::min(single_[static_cast<std::size_t>(i)], time_[index(1u << i, d, cross != 0)]);
+          single_[static_cast<std::size_t>(i)] =
+              std::min(single_[static_cast<std::size_t>(i)], time_[index(1u << i, d, cross != 0)]);
     const int rpn = cluster_.ranks_per_node;
     for (int k = 0; k < cluster_.num_nodes(); ++k) node_mask_.push_back(((1u << rpn) - 1u) << (k * rpn));
   }
@@ -124,8 +132,7 @@ class Search {
       const double c = cost_.group_overhead;
       for (std::size_t k = 0; k < load_.size(); ++k) {
         sum += load_[k];
-        if (count_[k] > 0)
-          top = std::max(top, one_f_one_b_work_floor(std::max(0.0, load_[k] - count_[k] * c), c, pp_));
+        if (count_[k] > 0) top = std::max(top, one_f_one_b_work_floor(std::max(0.0, load_[k] - count_[k] * c), c, pp_));
       }
       return std::max({top, hardest, (sum + rest) / (static_cast<double>(P_) * pp_)});
     }
@@ -192,7 +199,8 @@ class Search {
     const Placed g = order_.back();
     order_.pop_back();
     for (int k = 0; k < P_; ++k)
-      if (g.ranks >> k & 1) --count_[static_cast<std::size_t>(k)], history_[static_cast<std::size_t>(k)] &= ~(1u << order_.size());
+      if (g.ranks >> k & 1)
+        --count_[static_cast<std::size_t>(k)], history_[static_cast<std::size_t>(k)] &= ~(1u << order_.size());
     load_ = std::move(saved_.back().load), used_ = saved_.back().used, max_t_ = saved_.back().max_t;
     saved_.pop_back();
   }
@@ -234,7 +242,8 @@ class Search {
       int slot = 0;
       for (int k : grp.ranks) slot = std::max(slot, last[static_cast<std::size_t>(k)] + 1);
       for (int k : grp.ranks) last[static_cast<std::size_t>(k)] = slot;
-      if (p.microbatches.size() <= static_cast<std::size_t>(slot)) p.microbatches.resize(static_cast<std::size_t>(slot) + 1);
+      if (p.microbatches.size() <= static_cast<std::size_t>(slot))
+        p.microbatches.resize(static_cast<std::size_t>(slot) + 1);
       p.microbatches[static_cast<std::size_t>(slot)].push_back(std::move(grp));
     }
     return p;

@@ -20,8 +20,15 @@ class Climber {
  public:
   Climber(const Plan& start, const Batch& batch, const Cluster& cluster, const CostModel& cost,
           const PlanOptions& options, const LocalSearchTuning& tuning, std::chrono::steady_clock::time_point deadline)
-      : start_(start), batch_(batch), cluster_(cluster), cost_(cost), options_(options), tuning_(tuning),
-        deadline_(deadline), P_(cluster.num_ranks), cap_(cost.token_capacity(cluster)) {
+      : start_(start),
+        batch_(batch),
+        cluster_(cluster),
+        cost_(cost),
+        options_(options),
+        tuning_(tuning),
+        deadline_(deadline),
+        P_(cluster.num_ranks),
+        cap_(cost.token_capacity(cluster)) {
     for (const auto& slot : start.microbatches) groups_.insert(groups_.end(), slot.begin(), slot.end());
     best_ = score(start, batch, cluster, cost, options);
   }
@@ -78,7 +85,8 @@ class Climber {
       double start = 0.0;
       if (options_.pp <= 1)
         for (int r : g.ranks) start = std::max(start, h[static_cast<std::size_t>(r)]);
-      for (int r : g.ranks) h[static_cast<std::size_t>(r)] = options_.pp <= 1 ? start + t : h[static_cast<std::size_t>(r)] + t;
+      for (int r : g.ranks)
+        h[static_cast<std::size_t>(r)] = options_.pp <= 1 ? start + t : h[static_cast<std::size_t>(r)] + t;
     }
     return h;
   }
@@ -144,7 +152,8 @@ class Climber {
     std::stable_sort(cool_.begin(), cool_.end(),
                      [&](int x, int y) { return h[static_cast<std::size_t>(x)] < h[static_cast<std::size_t>(y)]; });
     std::vector<char> hot(static_cast<std::size_t>(P_), 0);
-    for (int k = 0; k < std::min(tuning_.hot_ranks, P_); ++k) hot[static_cast<std::size_t>(by_heat[static_cast<std::size_t>(k)])] = 1;
+    for (int k = 0; k < std::min(tuning_.hot_ranks, P_); ++k)
+      hot[static_cast<std::size_t>(by_heat[static_cast<std::size_t>(k)])] = 1;
     std::vector<std::size_t> first, later;
     for (std::size_t a = 0; a < groups_.size(); ++a) {
       const bool on_hot = std::any_of(groups_[a].ranks.begin(), groups_[a].ranks.end(),

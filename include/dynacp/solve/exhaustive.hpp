@@ -24,11 +24,11 @@ struct ExhaustiveLimits {
 };
 
 struct ExhaustiveResult {
-  Plan best;                     ///< the fastest plan found (slots laid out as early as each rank allows)
-  double time = 0.0;             ///< its score (seconds; +inf when no plan was feasible or beat limits.upper)
-  std::int64_t leaves = 0;       ///< complete plans scored
-  std::int64_t groups_tried = 0; ///< groups (sequence set, rank set) appended during the search
-  bool complete = true;          ///< false when max_leaves stopped the search (best is then only the best seen)
+  Plan best;                      ///< the fastest plan found (slots laid out as early as each rank allows)
+  double time = 0.0;              ///< its score (seconds; +inf when no plan was feasible or beat limits.upper)
+  std::int64_t leaves = 0;        ///< complete plans scored
+  std::int64_t groups_tried = 0;  ///< groups (sequence set, rank set) appended during the search
+  bool complete = true;           ///< false when max_leaves stopped the search (best is then only the best seen)
 };
 
 /// The fastest plan of `batch` under score() (timeline.hpp) with `options` (pp, count policy, options.score).
