@@ -46,7 +46,8 @@ class Climber {
       kick_ = k, seen_ = 0;
       const bool kicked = round();
       kick_ = -1;
-      if (!kicked) break;  // a round has fewer than k + 1 moves
+      if (!kicked && seen_ <= k) break;  // a round has fewer than k + 1 moves
+      if (!kicked) continue;             // the k-th move gives a plan the evaluator rejects
       climb();
       if (best_ < best_t * (1 - tuning_.min_gain)) {
         best = groups_, best_t = best_, k = -1;
