@@ -5,6 +5,7 @@
 #include "dynacp/model/error.hpp"
 #include "dynacp/solve/degrees.hpp"
 #include "dynacp/solve/evaluate.hpp"
+#include "dynacp/solve/local_search.hpp"
 #include "dynacp/solve/packing.hpp"
 #include "dynacp/solve/placement.hpp"
 #include "fields.hpp"
@@ -123,6 +124,21 @@ void bind_solve(py::module_& m) {
       .value("EQUAL", CountPolicy::Equal, "every rank runs the same number of microbatches (Megatron)")
       .value("VARIABLE", CountPolicy::Variable, "ranks with cheaper microbatches run more of them (ByteScale HDP)");
 
+  py::class_<solve::LocalSearchTuning> ls(m, "LocalSearchTuning",
+                                          "dynacp's last stage, the local search (include/dynacp/solve/"
+                                          "local_search.hpp documents each field); DynacpTuning.local_search.");
+  ls.def(kw_init<solve::LocalSearchTuning>());
+  Fields<solve::LocalSearchTuning>{ls, {}}
+      .add("max_evaluations", &solve::LocalSearchTuning::max_evaluations, "most score() calls in one search")
+      .add("max_work", &solve::LocalSearchTuning::max_work, "most plan-size units (groups + ranks + sequences)")
+      .add("max_sequences", &solve::LocalSearchTuning::max_sequences, "runs only on batches up to this many")
+      .add("max_ranks", &solve::LocalSearchTuning::max_ranks, "... on pools up to this many ranks")
+      .add("min_gain", &solve::LocalSearchTuning::min_gain, "a move must lower the score by this fraction")
+      .add("hot_ranks", &solve::LocalSearchTuning::hot_ranks, "the busiest ranks whose groups moves start from")
+      .add("split_all_up_to", &solve::LocalSearchTuning::split_all_up_to, "every two-way split up to this size")
+      .add("kicks", &solve::LocalSearchTuning::kicks, "forced moves once the climb stalls")
+      .done();
+
   py::class_<DynacpTuning> tuning(m, "DynacpTuning",
                                   "Every tuning constant of the dynacp strategy (include/dynacp/solve/"
                                   "dynacp_tuning.hpp documents each); the defaults are the benchmarked ones.");
@@ -171,6 +187,7 @@ void bind_solve(py::module_& m) {
       .add("reorder_budget", &DynacpTuning::reorder_budget, "slot-order polish: simulations per plan")
       .add("polish_plans", &DynacpTuning::polish_plans, "slot-order polish: at most this many plans (0 = all)")
       .add("polish_within", &DynacpTuning::polish_within, "slot-order polish: pooled plans within this x the best")
+      .add("local_search", &DynacpTuning::local_search, "the last stage's LocalSearchTuning")
       .add("skip_families", &DynacpTuning::skip_families, "families left out (names from dynacp_families())")
       .done();
   tuning.def("validate", &DynacpTuning::validate, "Raise ValueError naming the first bad field.");

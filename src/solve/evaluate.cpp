@@ -339,7 +339,7 @@ PipelinedBoundTerms pipelined_bound_terms(const Batch& batch, const Cluster& clu
       const double ws = cost.work(len, mask), Wp = std::max(0.0, t.average - c) * P - ws;
       double best = std::numeric_limits<double>::infinity();
       for (int d = cost.min_degree(len, cluster); d <= cluster.num_ranks; ++d) {
-        const double Td = cost.time(g, d, cluster);
+        const double Td = fastest(cost, cluster, g, d);  // a ring of d <= ranks_per_node may still span nodes
         if (Td >= best) continue;
         const double E = std::min(std::max(0.0, Td - ws / d - c), hide(len, mask, d));
         auto host = [&](double X) { return std::max(Td + std::max(0.0, X - E) / (3 * n), G(Td - c - E + X)); };
@@ -389,10 +389,11 @@ LowerBoundTerms lower_bound_terms(const Batch& batch, const Cluster& cluster, co
     if (max_len[k] == 0) continue;
     GroupStats g;
     g.add(max_len[k], cost.eta(static_cast<Mask>(k)));
-    // a full scan (not best_degree's ternary search): a lower bound must hold for any shape of T(d)
+    // a full scan (not best_degree's ternary search): a lower bound must hold for any shape of T(d); each degree in
+    // its faster layout (a ring of d <= ranks_per_node ranks may span nodes when the inter-node link is the faster)
     const int dmin = cost.min_degree(max_len[k], cluster);
-    double best = cost.time(g, dmin, cluster);
-    for (int d = dmin + 1; d <= cluster.num_ranks; ++d) best = std::min(best, cost.time(g, d, cluster));
+    double best = fastest(cost, cluster, g, dmin);
+    for (int d = dmin + 1; d <= cluster.num_ranks; ++d) best = std::min(best, fastest(cost, cluster, g, d));
     longest = std::max(longest, best);
   }
   LowerBoundTerms t;

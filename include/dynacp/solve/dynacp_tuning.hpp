@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "dynacp/solve/local_search.hpp"
+
 namespace dynacp {
 
 struct DynacpTuning {
@@ -90,6 +92,9 @@ struct DynacpTuning {
   double polish_within = 1.05;
   /// ... and at most this many of them, the best by score (ties: registry order); 0 = no cap.
   int polish_plans = 0;
+
+  /// The last stage: local search from the chosen plan (include/dynacp/solve/local_search.hpp documents each field).
+  solve::LocalSearchTuning local_search;
 
   /// Families (names from dynacp_families()) left out of the search, for experiments.
   std::vector<std::string> skip_families;

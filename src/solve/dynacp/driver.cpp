@@ -13,6 +13,7 @@
 #include "dynacp/model/error.hpp"
 #include "dynacp/model/log.hpp"
 #include "dynacp/solve/evaluate.hpp"
+#include "dynacp/solve/local_search.hpp"
 #include "dynacp/solve/timeline.hpp"
 #include "search.hpp"
 
@@ -55,6 +56,13 @@ void DynacpTuning::validate() const {
   for (int n : lead_counts) at_least("lead_counts", n, 1);
   for (int n : shelf_drops) at_least("shelf_drops", n, 0);
   for (const auto& name : skip_families) solve::dyn::family_index(name);  // throws naming the known families
+  const auto& ls = local_search;
+  at_least("local_search.max_evaluations", ls.max_evaluations, 0), at_least("local_search.max_work", ls.max_work, 0);
+  at_least("local_search.max_sequences", ls.max_sequences, 0), at_least("local_search.max_ranks", ls.max_ranks, 0);
+  at_least("local_search.hot_ranks", ls.hot_ranks, 1), at_least("local_search.split_all_up_to", ls.split_all_up_to, 1);
+  at_least("local_search.kicks", ls.kicks, 0);
+  if (!(ls.min_gain >= 0) || !std::isfinite(ls.min_gain))
+    invalid("DynacpTuning.local_search.min_gain is ", ls.min_gain, "; it must be finite and >= 0");
 }
 
 namespace solve {
@@ -323,6 +331,8 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       out = reorder_rings(std::move(out), t, batch, cluster, cost, options);
       lap("class and ring order polish of the winner");
     }
+    out = local_search(std::move(out), batch, cluster, cost, options, tune.local_search, run.deadline());
+    lap("local search");
     out.family = families()[candidates[best].family].name;
     out.partial = partial;
     return out;

@@ -24,6 +24,10 @@ class Runner {
   /// guaranteed: callers keep each task's result in its own slot and skip the ones that did not run).
   void for_each(std::size_t n, const std::function<void(std::size_t)>& f);
   bool expired() const;
+  /// The time limit's instant (time_point::max() when there is none).
+  std::chrono::steady_clock::time_point deadline() const {
+    return has_deadline_ ? deadline_ : std::chrono::steady_clock::time_point::max();
+  }
   /// True once any for_each skipped a task because the deadline had passed.
   bool cut_short() const { return cut_short_; }
   void check() const {
