@@ -31,18 +31,20 @@ def main() -> None:
     ap.add_argument("--out", default="calibrate-gloo", help="folder for profile.json, preset.json, check.json")
     ap.add_argument("--form", choices=("classic", "extended"), default="classic",
                     help="model form of the preset (the other form is fitted to the same profile and reported too)")
+    ap.add_argument("--passes", type=int, default=5, help="passes sharing each point's timed runs (ProfileConfig."
+                    "passes; default 5, 1: back to back as before)")
     ap.add_argument("--count", type=int, default=24, help="random microbatches to check (default 24)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"load average at the start (1 / 5 / 15 min): {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
     t0 = time.perf_counter()
-    prof, rows = profile_with_holdout(count=args.count, progress=False)
+    prof, rows = profile_with_holdout(count=args.count, progress=False, passes=args.passes)
     wall = time.perf_counter() - t0
     cal.save_profile(prof, out / "profile.json")
     result = cal.fit_to_file(str(out / "profile.json"), str(out / "preset.json"), name="cpu-gloo-tiny",
                              form=args.form)
-    print(f"profile + {len(rows)} held-out microbatches: {wall:.1f} s wall ({prof.meta['device']}, {prof.meta['backend']}, world "
+    print(f"profile + {len(rows)} held-out microbatches ({args.passes} passes): {wall:.1f} s wall ({prof.meta['device']}, {prof.meta['backend']}, world "
           f"{prof.meta['world_size']}, torch {prof.meta['torch']})")
     print(result.format())
     cost, links = cal.load_preset(out / "preset.json")

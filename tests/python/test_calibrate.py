@@ -315,6 +315,17 @@ def test_user_linear_callable_is_timed_per_token_count():
     assert [r["tokens"] for r in rows] == [64, 128] and all(r["seconds"] >= 0 for r in rows)
 
 
+def test_pass_runs_splits_the_repeats_over_the_passes():
+    from dynacp.calibrate.profiler import ProfileConfig, pass_runs, run_profile
+
+    assert pass_runs(5, 5) == [1, 1, 1, 1, 1]
+    assert pass_runs(7, 3) == [3, 2, 2]
+    assert pass_runs(3, 8) == [1, 1, 1]
+    assert pass_runs(5, 1) == [5]
+    with pytest.raises(ValueError, match="passes must be >= 1"):
+        run_profile(ProfileConfig(passes=0))
+
+
 def test_pack_shapes_and_jobs():
     from dynacp.calibrate.profiler import ProfileConfig, pack_shapes, profile_jobs
 
