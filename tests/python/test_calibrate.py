@@ -315,6 +315,17 @@ def test_user_linear_callable_is_timed_per_token_count():
     assert [r["tokens"] for r in rows] == [64, 128] and all(r["seconds"] >= 0 for r in rows)
 
 
+def test_pass_runs_splits_the_repeats_over_the_passes():
+    from dynacp.calibrate.profiler import ProfileConfig, pass_runs, run_profile
+
+    assert pass_runs(5, 5) == [1, 1, 1, 1, 1]
+    assert pass_runs(7, 3) == [3, 2, 2]
+    assert pass_runs(3, 8) == [1, 1, 1]
+    assert pass_runs(5, 1) == [5]
+    with pytest.raises(ValueError, match="passes must be >= 1"):
+        run_profile(ProfileConfig(passes=0))
+
+
 def test_pack_shapes_and_jobs():
     from dynacp.calibrate.profiler import ProfileConfig, pack_shapes, profile_jobs
 
@@ -402,14 +413,37 @@ def test_extended_fit_recovers_an_extended_model():
 
 
 @needs_profiles
-def test_extended_form_cross_validates_on_h100():
-    """Issue 20 acceptance: leave-one-out on the H100 attention file (tp = 1, all lengths and cp): median <= 5 %,
-    max <= 15 % with the extended form (the classic form: 7.8 % / 41.4 %)."""
-    rows = calibrate.import_distca(PROFILES).tables["attention"]
-    classic = np.abs(calibrate.cross_validate_attention(rows, form="classic"))
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_extended_form_cross_validates_on_h100(tp):
+    """Issue 20 acceptance, every tp slice of the H100 attention file (44 points each, all lengths and cp):
+    leave-one-out median <= 5 % and max <= 15 % with the extended form, over every point whose time does not fall
+    with length. The points measured slower than a longer document of the same cp (the 128-token documents at
+    cp >= 2; no monotone form can fit them, docs/calibration.md) are the only ones above 15 %, and they are found
+    from the data, not listed by hand. Classic form, tp = 1: 7.8 % / 41.4 %."""
+    rows = calibrate.import_distca(PROFILES, tp=tp).tables["attention"]
     ext = np.abs(calibrate.cross_validate_attention(rows, form="extended"))
-    assert np.median(classic) == pytest.approx(0.078, abs=0.002) and classic.max() == pytest.approx(0.414, abs=0.002)
-    assert np.median(ext) <= 0.05 and ext.max() <= 0.15
+    inverted = set(calibrate.length_inversions(rows))
+    regular = np.array([e for i, e in enumerate(ext) if i not in inverted])
+    assert np.median(ext) <= 0.05
+    assert regular.max() <= 0.15
+    assert all(i in inverted for i in np.flatnonzero(ext > 0.15))
+    assert all(rows[i]["lengths"][0] <= 128 for i in inverted)
+    if tp == 1:
+        classic = np.abs(calibrate.cross_validate_attention(rows, form="classic"))
+        assert np.median(classic) == pytest.approx(0.078, abs=0.002)
+        assert classic.max() == pytest.approx(0.414, abs=0.002)
+        assert ext.max() <= 0.15
+
+
+def test_length_inversions_finds_rows_slower_than_a_longer_document():
+    rows = [{"lengths": [s], "degree": d, "mask": "causal", "seconds": t}
+            for s, d, t in ((64, 2, 1.0), (128, 2, 1.3), (256, 2, 1.2), (512, 2, 2.0), (128, 1, 1.3), (256, 1, 1.4),
+                            (64, 4, 1.0))]
+    rows.append({"lengths": [64, 64], "degree": 2, "mask": "causal", "seconds": 9.0})
+    assert calibrate.length_inversions(rows) == [1]
+    rows[0]["mask"] = "full"
+    rows[0]["seconds"] = 5.0
+    assert calibrate.length_inversions(rows) == [1]
 
 
 @needs_profiles

@@ -144,7 +144,8 @@ def test_profile_small_run_has_every_table(tmp_path):
     """The profiler on 2 gloo processes with a tiny budget: every table, the meta the format documents."""
     from dynacp import calibrate
 
-    prof = calibrate.profile(world_size=2, max_tokens=128, repeats=1, warmup=0, progress=False)
+    prof = calibrate.profile(world_size=2, max_tokens=128, repeats=2, passes=2, warmup=0, progress=False)
+    assert prof.meta["repeats"] == 2 and prof.meta["passes"] == 2
     assert set(prof.tables) == {"attention", "linear", "p2p", "group"}
     for key in ("device", "dtype", "torch", "dynacp", "backend", "world_size", "layers", "model"):
         assert key in prof.meta

@@ -6,7 +6,7 @@ rate at x tokens per rank), only part (60 %) of the exchange hidden behind atten
 with the ring size, and a fixed extra cost per extra node a ring spans. It is "profiled" with +-3 % uniform noise
 (a ``group`` and a ``p2p`` table, what ``dynacp calibrate profile`` measures), calibrated through the public API only
 (``dynacp.calibrate.fit(profile, form="extended")`` and ``apply_links``), planned with ``dynacp`` on long-tailed
-batches at 64 ranks (8 per node, 16,384 tokens per rank; pp 1 and 4), and every plan is priced with the TRUE function
+batches at 64 ranks (8 per node, 16,384 and 32,768 tokens per rank; pp 1 and 4), and every plan is priced with the TRUE function
 (the same group timeline / 1F1B simulator the planner uses, fed with true group times; a self-check prices the plan
 with its own model that way and must reproduce ``plan.predicted.step_time``).
 
@@ -34,6 +34,15 @@ The hardware's own lower bound (:func:`hardware_bound`, valid for any plan that 
   (``W(S)`` of the others) fits beside them: a plain rank runs at most ``pp S - c - (pp - 1) (c + doc)`` of it, a rank
   of giant i's ring at most ``3 pp (S - T_i(d)) + E_d`` (pp = 1: ``S - T_i(d) + E_d``; the critical argument), each
   giant's degree chosen for the most room (a relaxation); the term is ``min(meet, least S that fits)``;
+* ``giants``: the k longest sequences (k = 2..6) when their least degrees need more than P ranks side by side. Split
+  them into blocks of sequences whose rings share ranks (the connected parts of "rings intersect"); blocks hold
+  disjoint ranks. In a block of R ranks every ring has at most R ranks, and every member i meets another member m:
+  in two groups on one rank (their 1F1B chain, at least ``pair_floor(T_i(d_i), best_m(R))`` with ``best_m(R)`` m's
+  best time on at most R ranks) or in one group (at least ``T({i, m}, d_i)``: adding members never makes a group
+  faster); so d_i is at least the least degree where one of those is <= S. Members that cannot meet within S at all
+  have disjoint rings: the block needs R >= the largest sum of their least degrees. The term is the least S for
+  which some partition of the k into blocks fits in P ranks (bisection; a partition that fits at S fits above it).
+  It is what prices two giants that must share ranks with the rest placed around them;
 * ``minorant``: dynacp's own lower bound (all its terms) for a cost model that is below the true time for every
   group (the full-efficiency attention, the same linear, group and document costs, the 2-rank hop latency, the same
   bandwidths, no node cost, and the exchange fully hidden): any plan's true step time is at least its step time
@@ -47,6 +56,7 @@ Run with ``-s`` to see the table (numbers in docs/benchmarks.md):
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -57,8 +67,10 @@ import dynacp
 from dynacp import _core, calibrate, distributions
 from dynacp.calibrate.fileformat import Profile
 
-P, RPN, CAP = 64, 8, 32768
-"""Ranks, ranks per node, tokens per rank of the planned pool."""
+P, RPN = 64, 8
+"""Ranks and ranks per node of the planned pool."""
+CAPS = (16384, 32768)
+"""Tokens per rank of the planned pool: both settings are asserted (``Hardware.cap``)."""
 KV = 8 * 128 * 2 * 2 * 32 * 3
 """Bytes per token per ring hop of the whole step (the default model's value; the profile's meta states it)."""
 
@@ -88,6 +100,8 @@ class Hardware:
     """B/s of one hop across nodes."""
     node_cost: float = 2e-3
     """s per extra node a ring spans."""
+    cap: int = 32768
+    """Tokens per rank (the memory of one rank; the pool's ``tokens_per_rank``)."""
 
     def attention(self, lengths: np.ndarray, d: int) -> np.ndarray:
         s = np.asarray(lengths, dtype=np.float64)
@@ -121,7 +135,7 @@ class Hardware:
         """A dynacp model (and links) whose time is below :meth:`time` for every group (module docstring)."""
         cost = dynacp.CostModel(name="minorant", attn_coef=self.attn, linear_coef=self.linear,
                                 group_overhead=self.group, doc_overhead=self.doc, kv_bytes_per_token=KV)
-        cluster = dynacp.Cluster(num_ranks=P, ranks_per_node=RPN, tokens_per_rank=CAP,
+        cluster = dynacp.Cluster(num_ranks=P, ranks_per_node=RPN, tokens_per_rank=self.cap,
                                  intra_node_latency=self.latency, inter_node_latency=self.latency,
                                  intra_node_bandwidth=self.intra_bw, inter_node_bandwidth=self.inter_bw)
         return cost, cluster
@@ -145,7 +159,7 @@ def profile_of(hw: Hardware, noise: float = 0.03, seed: int = 0) -> Profile:
             for k in range(6, 19):
                 for n in (1, 4):
                     lengths = [2 ** k] * n
-                    if n * 2 ** k > CAP * d * 0.9:
+                    if n * 2 ** k > hw.cap * d * 0.9:
                         continue
                     groups.append({"lengths": lengths, "degree": d, "mask": "causal", "crosses_nodes": nodes > 1,
                                    "seconds": measured(hw.time(lengths, d, nodes)), "spread": noise})
@@ -208,7 +222,8 @@ def hardware_bound(hw: Hardware, lengths: np.ndarray, pp: int) -> float:
         (hi, lo) = (mid, lo) if average(mid) <= mid else (hi, mid)
     minorant = dynacp.lower_bound(lengths, cluster, cost, pp=pp)
     critical = critical_term(hw, s, alone, share, feasible, pp) if pp > 1 else 0.0
-    return max(single, lo, minorant, critical, shared_term(hw, s, alone, share, feasible, pp))
+    return max(single, lo, minorant, critical, shared_term(hw, s, alone, share, feasible, pp),
+               *(giants_term(hw, s, alone, feasible, pp, k) for k in range(2, 7)))
 
 
 def pair_floor(a: float, b: float, pp: int) -> float:
@@ -239,7 +254,7 @@ def shared_term(hw: Hardware, s: np.ndarray, alone: np.ndarray, share: np.ndarra
             meet = min(meet, pair_floor(float(best[i]), float(best[j]), pp))
             pair = [int(s[i]), int(s[j])]
             meet = min(meet, min(hw.time(pair, d, math.ceil(d / RPN)) for d in range(1, P + 1)
-                                 if 2 * CAP * d >= sum(pair)))
+                                 if 2 * hw.cap * d >= sum(pair)))
         rest = np.ones(s.size, dtype=bool)
         rest[top[:k]] = False
 
@@ -262,6 +277,79 @@ def shared_term(hw: Hardware, s: np.ndarray, alone: np.ndarray, share: np.ndarra
             (lo, hi) = (lo, mid) if fits(mid) else (mid, hi)
         out = max(out, lo)
     return out
+
+
+def partitions(items: list[int]) -> list[list[list[int]]]:
+    """Every partition of ``items`` into non-empty blocks (Bell(6) = 203 for six)."""
+    if not items:
+        return [[]]
+    head, out = items[0], []
+    for rest in partitions(items[1:]):
+        out.append([[head]] + rest)
+        for i in range(len(rest)):
+            out.append(rest[:i] + [[head] + rest[i]] + rest[i + 1:])
+    return out
+
+
+def pair_floor_array(a: np.ndarray, b: np.ndarray, pp: int) -> np.ndarray:
+    """:func:`pair_floor` elementwise."""
+    if pp == 1:
+        return a + b
+    return np.minimum(np.maximum(a + 2 * b / (3 * pp), a / (3 * pp) + b), np.maximum(b + 2 * a / (3 * pp), b / (3 * pp) + a))
+
+
+def giants_term(hw: Hardware, s: np.ndarray, alone: np.ndarray, feasible: np.ndarray, pp: int, k: int = 6) -> float:
+    """The k longest sequences, in blocks whose rings share ranks (module docstring, ``giants``): the least S for
+    which some partition of them into such blocks fits in P ranks; 0 when their least degrees fit side by side."""
+    top = [int(i) for i in np.argsort(-s, kind="stable")[:k]]
+    if sum(int(np.argmax(feasible[i])) + 1 for i in top) <= P:
+        return 0.0
+    degrees = np.arange(1, P + 1)
+    below = degrees[:, None] <= degrees[None, :]  # [d, R]: a ring of d ranks inside a block of R ranks
+    times = np.where(feasible, alone, np.inf)
+    upto = np.minimum.accumulate(times, axis=1)  # [i, R]: the best time of i on at most R ranks
+    # cost[i, m][d, R]: the least time a rank pays when i (on d ranks) meets m in a block of R ranks: in two groups
+    # on one rank (their 1F1B chain, m at its best within R) or in one group of d ranks (inf beyond its memory)
+    cost = {}
+    for i in top:
+        for m in top:
+            if m != i:
+                two = np.array([hw.time([int(s[i]), int(s[m])], int(d), math.ceil(d / RPN))
+                                if hw.cap * d >= s[i] + s[m] else np.inf for d in degrees])
+                c = np.minimum(pair_floor_array(times[i][:, None], upto[m][None, :], pp), two[:, None])
+                cost[i, m] = np.where(below, c, np.inf)
+    parts = partitions(top)
+
+    def ranks(block: tuple[int, ...], S: float) -> float:  # the least ranks a block can occupy within S
+        if len(block) == 1:
+            ok = feasible[block[0]] & (alone[block[0]] <= S)
+            return float(degrees[np.argmax(ok)]) if ok.any() else math.inf
+        meets = {(i, m): cost[i, m] <= S for i in block for m in block if m != i}
+        need = {}
+        for i in block:  # [R]: the least degree of i that meets some other member within S
+            ok = np.logical_or.reduce([meets[i, m] for m in block if m != i])
+            need[i] = np.where(ok.any(axis=0), degrees[np.argmax(ok, axis=0)], np.inf)
+        apart = {(i, m): ~meets[i, m].any(axis=0) & ~meets[m, i].any(axis=0) for (i, m) in meets}
+        held = np.zeros(P)  # [R]: the most ranks members that cannot meet (disjoint rings) hold side by side
+        for r in range(1, len(block) + 1):
+            for sub in itertools.combinations(block, r):
+                free = np.logical_and.reduce([apart[i, m] for i in sub for m in sub if i < m] or [np.ones(P, bool)])
+                held = np.maximum(held, np.where(free, sum(need[i] for i in sub), 0.0))
+        ok = held <= degrees
+        return float(degrees[np.argmax(ok)]) if ok.any() else math.inf
+
+    def fits(S: float) -> bool:
+        need = {tuple(b): ranks(tuple(b), S) for part in parts for b in part}
+        return any(sum(need[tuple(b)] for b in part) <= P for part in parts)
+
+    lo = float(np.min(times[top], axis=1).max())
+    hi = 2.0 * lo
+    while not fits(hi):
+        lo, hi = hi, 2.0 * hi
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        (lo, hi) = (lo, mid) if fits(mid) else (mid, hi)
+    return lo
 
 
 def critical_term(hw: Hardware, s: np.ndarray, alone: np.ndarray, share: np.ndarray, feasible: np.ndarray,
@@ -306,6 +394,25 @@ def batches() -> list[tuple[str, np.ndarray]]:
     return out
 
 
+def test_partitions_and_the_giants_term_on_a_hand_priced_case():
+    """Bell numbers; and on longcontext batch 0 at 16,384 tokens per rank (pp 1) the five longest sequences need 72
+    ranks at their least degrees: the giants term equals the best placement by hand - the three longest on 18, 17
+    and 15 ranks of their own, the other two one after the other on the 14 ranks left."""
+    assert [len(partitions(list(range(n)))) for n in range(1, 7)] == [1, 2, 5, 15, 52, 203]
+    hw = Hardware(cap=16384)
+    cost, cluster = hw.minorant()
+    s = np.asarray(batches()[0][1], dtype=np.int64)
+    degrees = np.arange(1, P + 1)
+    alone = np.array([[hw.time([int(x)], int(d), math.ceil(d / RPN)) for d in degrees] for x in s])
+    feasible = degrees[None, :] >= np.array([cost.min_degree(int(x), cluster) for x in s])[:, None]
+    top = np.sort(s)[::-1][:5]
+    assert [cost.min_degree(int(x), cluster) for x in top] == [18, 17, 15, 13, 9]
+    by_hand = max(hw.time([int(top[3])], 14, 2) + hw.time([int(top[4])], 14, 2),
+                  *(hw.time([int(x)], d, math.ceil(d / RPN)) for x, d in zip(top[:3], (18, 17, 15))))
+    assert giants_term(hw, s, alone, feasible, 1, k=5) == pytest.approx(by_hand, rel=1e-6)
+    assert giants_term(hw, s, alone, feasible, 1, k=4) == 0.0  # 63 ranks: side by side
+
+
 def test_true_function_is_above_its_minorant():
     """The minorant model really is below the true time (spot checks on random groups, every degree, both links)."""
     hw = Hardware()
@@ -313,32 +420,33 @@ def test_true_function_is_above_its_minorant():
     rng = np.random.default_rng(1)
     for _ in range(300):
         d = int(rng.integers(1, P + 1))
-        lengths = rng.integers(1, 2 * CAP, int(rng.integers(1, 6))) * d // 2 + 1
+        lengths = rng.integers(1, 2 * hw.cap, int(rng.integers(1, 6))) * d // 2 + 1
         for nodes in {math.ceil(d / RPN), min(P // RPN, math.ceil(d / RPN) + 1)}:
             model = cost.time(lengths.tolist(), d, cluster, crosses_nodes=nodes > 1)
             assert model <= hw.time(lengths, d, nodes) * (1 + 1e-12)
 
 
-@pytest.fixture(scope="module")
-def calibrated() -> tuple[_core.CostModel, _core.Cluster]:
-    hw = Hardware()
+@pytest.fixture(scope="module", params=CAPS, ids=lambda cap: f"{cap}-tokens-per-rank")
+def calibrated(request) -> tuple[Hardware, _core.CostModel, _core.Cluster]:
+    hw = Hardware(cap=request.param)
     result = calibrate.fit(profile_of(hw), form="extended", name="synthetic")
-    cluster = dynacp.Cluster(num_ranks=P, ranks_per_node=RPN, tokens_per_rank=CAP)
+    cluster = dynacp.Cluster(num_ranks=P, ranks_per_node=RPN, tokens_per_rank=hw.cap)
     calibrate.apply_links(cluster, result.links)
     group = next(t for t in result.terms if t.term == "group")
-    print(f"\nsynthetic hardware fit: whole-group rms {100 * group.rms:.1f} %, max {100 * group.max:.1f} %")
-    return result.cost, cluster
+    print(f"\nsynthetic hardware ({hw.cap} tokens per rank) fit: whole-group rms {100 * group.rms:.1f} %, max "
+          f"{100 * group.max:.1f} %")
+    return hw, result.cost, cluster
 
 
 @pytest.mark.parametrize("pp", [1, 4])
 def test_calibrated_plans_are_near_the_hardware_bound(calibrated, pp):
-    hw = Hardware()
+    hw, cost_cal, cluster_cal = calibrated
     true_time = lambda lengths, d, ranks: hw.time(lengths, d, nodes_of(ranks))  # noqa: E731
-    default = (dynacp.CostModel(), dynacp.Cluster(num_ranks=P, ranks_per_node=RPN, tokens_per_rank=CAP))
+    default = (dynacp.CostModel(), dynacp.Cluster(num_ranks=P, ranks_per_node=RPN, tokens_per_rank=hw.cap))
     gaps: dict[str, list[float]] = {"calibrated": [], "default": []}
     for name, lengths in batches():
         bound = hardware_bound(hw, lengths, pp)
-        for label, (cost, cluster) in (("calibrated", calibrated), ("default", default)):
+        for label, (cost, cluster) in (("calibrated", (cost_cal, cluster_cal)), ("default", default)):
             plan = dynacp.plan(lengths, cluster, cost, pp=pp, tight_bound=False)
             own = step_time(plan, lengths, pp, lambda ls, d, ranks, c=cost, cl=cluster: c.time(
                 ls, d, cl, crosses_nodes=nodes_of(ranks) > 1))
@@ -346,10 +454,10 @@ def test_calibrated_plans_are_near_the_hardware_bound(calibrated, pp):
             true = step_time(plan, lengths, pp, true_time)
             assert true >= bound * (1 - 1e-9), (name, label)  # the bound holds
             gaps[label].append(true / bound - 1)
-            print(f"pp {pp} {name:<14} {label:<10} true step {true:8.3f} s, hardware bound {bound:8.3f} s, "
+            print(f"cap {hw.cap} pp {pp} {name:<14} {label:<10} true step {true:8.3f} s, hardware bound {bound:8.3f} s, "
                   f"gap {100 * (true / bound - 1):5.1f} %")
     summary = {k: (100 * float(np.mean(v)), 100 * float(np.max(v))) for k, v in gaps.items()}
-    print(f"pp {pp}: mean / max gap to the hardware bound: calibrated {summary['calibrated'][0]:.1f} % / "
+    print(f"cap {hw.cap} pp {pp}: mean / max gap to the hardware bound: calibrated {summary['calibrated'][0]:.1f} % / "
           f"{summary['calibrated'][1]:.1f} %, default model {summary['default'][0]:.1f} % / "
           f"{summary['default'][1]:.1f} %")
     assert np.mean(gaps["calibrated"]) <= 0.05

@@ -6,6 +6,7 @@
 * :func:`import_distca`: the distca H100 CSV profiles as a profile;
 * :mod:`dynacp.calibrate.online`: the training wrapper's online refit;
 * :func:`cross_validate_attention`: leave-one-out errors of the attention fit in either model form;
+* :func:`length_inversions`: rows measured slower than a longer document (no monotone form fits them);
 * :mod:`dynacp.calibrate.proposed`: the earlier prototype of a richer form (a per-document table; not read by the C++
   model: the extended form of docs/cost_model.md replaced it).
 
@@ -27,10 +28,10 @@ from dynacp.calibrate.fileformat import (
     save_preset,
     save_profile,
 )
-from dynacp.calibrate.fit import FitResult, TermFit, cross_validate_attention, fit, fit_to_file
+from dynacp.calibrate.fit import FitResult, TermFit, cross_validate_attention, fit, fit_to_file, length_inversions
 
-__all__ = ["FitResult", "Profile", "TermFit", "apply_links", "cross_validate_attention", "fit", "fit_to_file", "import_distca", "load_cost",
-           "load_preset", "load_profile", "profile", "resolve_cost", "save_preset", "save_profile"]
+__all__ = ["FitResult", "Profile", "TermFit", "apply_links", "cross_validate_attention", "fit", "fit_to_file", "import_distca",
+           "length_inversions", "load_cost", "load_preset", "load_profile", "profile", "resolve_cost", "save_preset", "save_profile"]
 
 
 def profile(*args: Any, **kwargs: Any) -> Profile:

@@ -358,6 +358,40 @@ def attention_design(rows: list[dict], base: Any, form: str = "classic") -> tupl
     return np.c_[X, ext], ([2] if np.all(ext[:, 2] == 1.0) else [])
 
 
+def length_inversions(rows: list[dict]) -> list[int]:
+    """Indices of single-document ``attention`` (or ``group``) rows measured slower than a longer single document of
+    the same degree and mask.
+
+    No model the lower bound accepts can fit such a row together with its longer neighbour: every term of the form is
+    non-decreasing in the length (docs/cost_model.md, "The bound under the extended form", property 4), so one of the
+    two is mispredicted by at least ``(t_short - t_long) / (t_short + t_long)``. The fit report names them; on the
+    H100 file they are the 128-token documents at cp >= 2 (docs/calibration.md)."""
+    best: dict[tuple[int, str, int], float] = {}
+    for r in rows:
+        if len(r["lengths"]) == 1:
+            key = (int(r["degree"]), str(r["mask"]), int(r["lengths"][0]))
+            best[key] = min(best.get(key, float("inf")), float(r["seconds"]))
+    out = []
+    for i, r in enumerate(rows):
+        if len(r["lengths"]) != 1:
+            continue
+        d, m, s = int(r["degree"]), str(r["mask"]), int(r["lengths"][0])
+        if any(k[0] == d and k[1] == m and k[2] > s and t < r["seconds"] for k, t in best.items()):
+            out.append(i)
+    return out
+
+
+def _inversion_note(rows: list[dict], table: str) -> Optional[str]:
+    bad = length_inversions(rows)
+    if not bad:
+        return None
+    shown = ", ".join(f"{rows[i]['lengths'][0]} tokens at degree {rows[i]['degree']}" for i in bad[:8])
+    more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
+    return (f"table '{table}': {len(bad)} row(s) measured slower than a longer document of the same degree ({shown}"
+            f"{more}); no model form the lower bound accepts is non-monotone in length, so these rows keep an error "
+            "of at least half their excess")
+
+
 def _fit_components(profile: Profile, base: Any, form: str = "classic") -> tuple[np.ndarray, list[TermFit]]:
     """(a, b, c) of a whole step (then the extended coefficients, with ``form="extended"``) from the per-layer
     attention and linear tables."""
@@ -417,6 +451,10 @@ def fit(profile: Union[Profile, str, Path], base: Any = None, *, name: str = "ca
         terms += comp_terms
         kvb, note = kv_default, "kv_bytes_per_token from the model dimensions (the profile has no group table)"
     notes.append(note)
+    for table in ("attention", "group"):
+        inv = _inversion_note(prof.rows(table), table)
+        if inv:
+            notes.append(inv)
     if not links:
         notes.append("links: the profile has no p2p table; the Cluster's link fields are not changed")
     cost = _core.CostModel(**{k: v for k, v in dict(base.to_dict()).items()})

@@ -14,7 +14,8 @@ process has its own GPU), all busy at once as in training:
   that divides the world, times ``layers``: the whole-step group times the fit uses.
 
 Each point: ``warmup`` untimed runs, then ``repeats`` timed runs (a barrier before each; the time of a run is the
-slowest rank's); the median is stored with the relative interquartile range as ``spread``.
+slowest rank's), spread over ``passes`` passes over all the points (in a seeded random order); the median is stored
+with the relative interquartile range as ``spread``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ class ProfileConfig:
     """Untimed runs before each point."""
     repeats: int = 5
     """Timed runs per point (median and spread over them); P2P points run 4 x as many (they are short)."""
+    passes: int = 5
+    """The timed runs of every point are spread over this many passes over all the points (capped at ``repeats``;
+    warm-up in the first pass only), so that a burst of load from other processes that lasts less than a pass
+    slows only some of a point's runs, and the median drops it; 1: every point's runs back to back."""
     p2p_max_bytes: Optional[int] = None
     """Largest P2P message in bytes; default 4 MiB on CPU, 256 MiB on CUDA."""
     dtype: Optional[str] = None
@@ -240,6 +245,37 @@ def _run_job(job: Job, ctx: dict) -> list[float]:
     return _time_runs(lambda: layer.whole(x, attend).sum().backward(), ctx["warmup"], ctx["repeats"], ctx["sync"])
 
 
+def pass_runs(repeats: int, passes: int) -> list[int]:
+    """Timed runs of every point in each pass: ``repeats`` split as evenly as possible over
+    ``min(passes, repeats)`` passes, the larger shares first."""
+    n = max(1, min(passes, repeats))
+    return [repeats // n + (1 if p < repeats % n else 0) for p in range(n)]
+
+
+def _run_passes(jobs: list[Job], ctx: dict, runs: list[int], progress: bool) -> list[list[float]]:
+    """Every job's run times (the slowest rank's), the runs spread over passes (:attr:`ProfileConfig.passes`)."""
+    import torch
+    import torch.distributed as dist
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(jobs) * len(runs), desc="dynacp calibrate profile", unit="point")
+    times: list[list[float]] = [[] for _ in jobs]
+    for p, n in enumerate(runs):
+        here = dict(ctx, warmup=ctx["warmup"] if p == 0 else 0, repeats=n)
+        for j, job in enumerate(jobs):
+            t = torch.tensor(_run_job(job, here), dtype=torch.float64, device=ctx["device"])  # NCCL: on the GPU
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a run takes as long as its slowest rank
+            times[j] += t.tolist()
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    return times
+
+
 def _worker(rank: int, world: int, port: int, cfg: dict, jobs: list[Job], out_dir: str) -> None:
     import torch
     import torch.distributed as dist
@@ -260,20 +296,7 @@ def _worker(rank: int, world: int, port: int, cfg: dict, jobs: list[Job], out_di
                "repeats": cfg["repeats"], "timeout": cfg["timeout"],
                "sync": torch.cuda.synchronize if cuda else (lambda: None),
                "layer": _Layer(_model(cfg["model"]), dev, dtype, gen)}
-        bar = None
-        if rank == 0 and cfg["progress"]:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(jobs), desc="dynacp calibrate profile", unit="point")
-        times = []
-        for job in jobs:
-            t = torch.tensor(_run_job(job, ctx), dtype=torch.float64, device=dev)  # NCCL reduces on the GPU
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a run takes as long as its slowest rank
-            times.append(t.tolist())
-            if bar is not None:
-                bar.update(1)
-        if bar is not None:
-            bar.close()
+        times = _run_passes(jobs, ctx, pass_runs(cfg["repeats"], cfg["passes"]), rank == 0 and cfg["progress"])
         device_name = torch.cuda.get_device_name(rank) if cuda else "cpu"
         result = {"ok": True, "times": times, "device": device_name, "backend": dist.get_backend()}
     except BaseException as exc:  # reported to the parent, which raises it
@@ -337,11 +360,11 @@ def _settings(cfg: ProfileConfig) -> tuple[dict, int, int]:
     p2p_max = cfg.p2p_max_bytes or (256 << 20 if cuda else 4 << 20)
     model = _model(cfg.model)
     settings = {"model": asdict(model), "dtype": cfg.dtype or ("bfloat16" if cuda else "float32"),
-                "warmup": cfg.warmup, "repeats": cfg.repeats, "timeout": cfg.timeout, "seed": cfg.seed,
-                "progress": cfg.progress}
-    if cfg.world_size < 1 or cfg.repeats < 1 or cfg.warmup < 0:
-        raise ValueError("ProfileConfig: world_size and repeats must be >= 1 and warmup >= 0, got "
-                         f"{cfg.world_size}, {cfg.repeats}, {cfg.warmup}")
+                "warmup": cfg.warmup, "repeats": cfg.repeats, "passes": cfg.passes, "timeout": cfg.timeout,
+                "seed": cfg.seed, "progress": cfg.progress}
+    if cfg.world_size < 1 or cfg.repeats < 1 or cfg.passes < 1 or cfg.warmup < 0:
+        raise ValueError("ProfileConfig: world_size, repeats and passes must be >= 1 and warmup >= 0, got "
+                         f"{cfg.world_size}, {cfg.repeats}, {cfg.passes}, {cfg.warmup}")
     return settings, max_tokens, p2p_max
 
 
@@ -394,7 +417,8 @@ def _profile(cfg: ProfileConfig, linear_fn: Optional[Callable[[int], None]],
     prof.meta = {"device": res["device"], "dtype": settings["dtype"], "torch": torch.__version__,
                  "dynacp": dynacp.__version__, "backend": res["backend"], "world_size": cfg.world_size,
                  "ranks_per_node": rpn, "layers": model.num_layers, "step_factor": 1, "model": settings["model"],
-                 "warmup": cfg.warmup, "repeats": cfg.repeats, "max_tokens": max_tokens,
+                 "warmup": cfg.warmup, "repeats": cfg.repeats, "passes": len(pass_runs(cfg.repeats, cfg.passes)),
+                 "max_tokens": max_tokens,
                  "kv_bytes_per_token": kv_bytes_per_token(model, 2 if settings["dtype"] in ("bfloat16", "float16")
                                                           else 4),
                  "seconds": round(time.perf_counter() - t0, 1)}

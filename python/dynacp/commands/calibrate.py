@@ -33,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) 
                     help="longest pack in tokens (default 1024 on CPU, 32768 on CUDA)")
     pr.add_argument("--repeats", type=int, default=5, help="timed runs per point (default 5)")
     pr.add_argument("--warmup", type=int, default=1, help="untimed runs per point (default 1)")
+    pr.add_argument("--passes", type=int, default=5, help="passes over all the points that share each point's timed "
+                    "runs, so that a burst of load from other processes hits only some of them (default 5; 1: "
+                    "every point's runs back to back)")
     pr.set_defaults(func=run_profile)
     ft = cal.add_parser("fit", parents=parents or [], help="fit the cost model to a profile -> a cost preset",
                         description="Fits a, b, c, the causal factor, kv_bytes_per_token and the links by least "
@@ -58,6 +61,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
     prof = calibrate.profile(model=args.model, world_size=args.world_size, ranks_per_node=args.ranks_per_node,
                              max_tokens=args.max_tokens, repeats=args.repeats, warmup=args.warmup,
+                             passes=args.passes,
                              progress=not getattr(args, "quiet", False) and sys.stderr.isatty())
     calibrate.save_profile(prof, args.out)
     n = sum(len(rows) for rows in prof.tables.values())
