@@ -76,9 +76,9 @@ struct DynacpTuning {
   /// Shelf layouts: the most giants, the most shelves whose every order is tried, layouts built, mu factors of the
   /// best plain build, single-lead fractions, the profile-lead ratio, and how many of the smallest giants to drop.
   int shelf_giants = 7;
-  int shelf_orders = 3;
-  int shelf_layouts = 3;
-  std::vector<double> shelf_mu_factors = {1.0};
+  int shelf_orders = 5;
+  int shelf_layouts = 8;
+  std::vector<double> shelf_mu_factors = {0.5, 1.0, 2.0};
   std::vector<double> shelf_lead_fractions = {0.6, 0.3};
   double shelf_profile_ratio = 0.5;
   std::vector<int> shelf_drops = {0, 2};
