@@ -21,8 +21,15 @@ def long_tailed(n: int, seed: int, cap: int) -> np.ndarray:
 def test_tuning_defaults_round_trip_and_reject_unknown_fields():
     t = dynacp.DynacpTuning()
     assert t.mu_grid >= 2 and t.skip_families == []
+    t.local_search = dynacp.LocalSearchTuning(kicks=7)
     again = dynacp.DynacpTuning(**t.to_dict())
-    assert again.to_dict() == t.to_dict()
+
+    def plain(x):  # nested configs as dicts
+        return {k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in x.to_dict().items()}
+
+    assert plain(again) == plain(t) and again.local_search.kicks == 7
+    with pytest.raises(ValueError, match="local_search.kicks is -1"):
+        dynacp.plan([100, 200], tuning=dynacp.DynacpTuning(local_search=dynacp.LocalSearchTuning(kicks=-1)))
     with pytest.raises(ValueError, match="has no field 'mu_gird'"):
         dynacp.DynacpTuning(mu_gird=4)
     with pytest.raises(ValueError, match="DynacpTuning.mu_grid is 1"):
