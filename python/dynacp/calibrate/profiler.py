@@ -151,10 +151,13 @@ class _Layer:
         self.h, self.q, self.kv = h, q, kv
 
     def linear(self, x: Any) -> Any:
+        qkv = x @ self.wqkv
+        return self.mlp(qkv[:, :self.q] @ self.wo + x)
+
+    def mlp(self, y: Any) -> Any:
+        """The MLP block with its residual: y + W2 act(W1 y) (SwiGLU when gated, else GELU)."""
         import torch
 
-        qkv = x @ self.wqkv
-        y = qkv[:, :self.q] @ self.wo + x
         m = y @ self.w1
         if self.gated:
             a, b = m.chunk(2, dim=-1)
@@ -164,22 +167,13 @@ class _Layer:
         return m @ self.w2 + y
 
     def whole(self, x: Any, attend: Callable[[Any, Any, Any], Any]) -> Any:
-        import torch
-
         qkv = x @ self.wqkv
         n = x.shape[0]
         q = qkv[:, :self.q].reshape(n, self.heads, self.dh)
         k = qkv[:, self.q:self.q + self.kv].reshape(n, self.kv_heads, self.dh)
         v = qkv[:, self.q + self.kv:].reshape(n, self.kv_heads, self.dh)
         o = attend(q, k, v).reshape(n, self.q)
-        y = o @ self.wo + x
-        m = y @ self.w1
-        if self.gated:
-            a, b = m.chunk(2, dim=-1)
-            m = torch.nn.functional.silu(a) * b
-        else:
-            m = torch.nn.functional.gelu(m)
-        return m @ self.w2 + y
+        return self.mlp(o @ self.wo + x)
 
 
 def _time_runs(fn: Callable[[], None], warmup: int, repeats: int, sync: Callable[[], None]) -> list[float]:
