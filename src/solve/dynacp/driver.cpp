@@ -148,6 +148,19 @@ struct JobResult {
   bool ran = false;
 };
 
+std::vector<CountRule> SearchContext::count_rules(const Plan& p) const {
+  std::vector<CountRule> rules;
+  if (options.vpp > 1 && options.count_policy == CountPolicy::Variable)
+    rules.push_back({CountRule::NearestMultiple, options.pp});
+  const int step = options.vpp > 1 ? options.pp : 1;
+  std::vector<int> n = p.microbatch_counts(cluster.num_ranks);
+  std::sort(n.begin(), n.end());
+  const int median = (n[n.size() / 2] + step - 1) / step * step, most = (n.back() + step - 1) / step * step;
+  rules.push_back({CountRule::Exactly, median});
+  if (most != median) rules.push_back({CountRule::Exactly, most});
+  return rules;
+}
+
 void SearchContext::run_jobs(const std::vector<Job>& jobs) {
   builds += jobs.size();
   std::vector<JobResult> res(jobs.size());
@@ -156,23 +169,16 @@ void SearchContext::run_jobs(const std::vector<Job>& jobs) {
     const Job& job = jobs[j];
     JobResult& r = res[j];
     Plan p = b.pipelined(job.spec, options.pp);
-    if (fixed_counts) {
-      const int step = options.vpp > 1 ? options.pp : 1;
-      std::vector<int> n = p.microbatch_counts(cluster.num_ranks);
-      std::sort(n.begin(), n.end());
-      std::set<int> counts;
-      for (int t : {n[n.size() / 2], n.back()}) counts.insert((t + step - 1) / step * step);
-      if (options.vpp > 1 && options.count_policy == CountPolicy::Variable) counts.insert(-options.pp);
-      for (int t : counts) {
+    if (fixed_counts)
+      for (const CountRule& rule : count_rules(p)) {
         Pipe counted = job.spec;
-        counted.count = t < 0 ? CountRule{CountRule::NearestMultiple, -t} : CountRule{CountRule::Exactly, t};
+        counted.count = rule;
         Plan q = b.pipelined(counted, options.pp);
         if (counts_ok(q, cluster.num_ranks, options)) {
           const double tq = score(q, batch, cluster, cost, options);
-          r.kept.emplace_back(std::move(q), tq, t < 0 ? interleaved : job.family);
+          r.kept.emplace_back(std::move(q), tq, rule.kind == CountRule::NearestMultiple ? interleaved : job.family);
         }
       }
-    }
     r.t = score(p, batch, cluster, cost, options);
     r.kept.emplace_back(std::move(p), r.t, job.family);
     r.ran = true;

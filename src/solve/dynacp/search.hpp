@@ -97,6 +97,10 @@ struct SearchContext {
   std::vector<TargetRule> targets_at(double scale) const;
   /// mu of grid point k at `scale`.
   double mu_at(double scale, int k) const;
+  /// The count rules a build is also brought to under fixed counts (equal counts, or vpp > 1): each rank to its own
+  /// nearest multiple of pp (interleaving with variable counts), then the median's and the largest count, rounded up
+  /// to the step (pp under vpp > 1), the smaller first.
+  std::vector<CountRule> count_rules(const Plan& p) const;
   /// Builds and scores the jobs (in parallel), then pools the results in job order.
   void run_jobs(const std::vector<Job>& jobs);
   /// Keeps a scored plan in its family's pool (bounded by the family's places; ties keep the earlier).
