@@ -44,16 +44,41 @@ sim::PipelineProblem pipeline_problem(const Plan& plan, const Batch& batch, cons
   return prob;
 }
 
-/// The step time alone (what candidate scoring needs): the group timeline for pp = 1, the simulator for pp > 1.
-double step_time(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
+/// The step time alone (what candidate scoring needs): the group timeline for pp = 1, the simulator's longest path
+/// (sim::step_time on flat arrays) for pp > 1. `single`: single_stats of the batch.
+double step_time(const Plan& plan, std::span<const GroupStats> single, const Cluster& cluster, const CostModel& cost,
                  const PlanOptions& options) {
-  if (options.pp > 1) return sim::simulate(pipeline_problem(plan, batch, cluster, cost, options)).step_time;
+  if (options.pp > 1) {
+    sim::FlatProblem prob;
+    prob.num_ranks = cluster.num_ranks, prob.pp = options.pp, prob.vpp = options.vpp;
+    prob.rank_off.assign(static_cast<std::size_t>(cluster.num_ranks) + 1, 0);
+    const double chunks = static_cast<double>(options.pp) * options.vpp;
+    for (const auto& slot : plan.microbatches)
+      for (const auto& g : slot) {
+        const double t = cost.group_time(g, single, cluster);
+        prob.group_size.push_back(static_cast<std::int32_t>(g.ranks.size()));
+        prob.group_forward.push_back(cost.forward_time(t, chunks));
+        prob.group_backward.push_back(cost.backward_time(t, chunks));
+        for (int r : g.ranks) ++prob.rank_off[static_cast<std::size_t>(r) + 1];
+      }
+    for (std::size_t r = 0; r < static_cast<std::size_t>(cluster.num_ranks); ++r)
+      prob.rank_off[r + 1] += prob.rank_off[r];
+    prob.rank_groups.resize(static_cast<std::size_t>(prob.rank_off.back()));
+    std::vector<std::int32_t> at(prob.rank_off.begin(), prob.rank_off.end() - 1);
+    std::int32_t id = 0;
+    for (const auto& slot : plan.microbatches)
+      for (const auto& g : slot) {
+        for (int r : g.ranks) prob.rank_groups[static_cast<std::size_t>(at[static_cast<std::size_t>(r)]++)] = id;
+        ++id;
+      }
+    return sim::step_time(prob);
+  }
   std::vector<double> free(static_cast<std::size_t>(cluster.num_ranks), 0.0);
   for (const auto& slot : plan.microbatches)
     for (const auto& g : slot) {
       double start = 0.0;
       for (int r : g.ranks) start = std::max(start, free[static_cast<std::size_t>(r)]);
-      const double t = cost.group_time(g, batch, cluster);
+      const double t = cost.group_time(g, single, cluster);
       for (int r : g.ranks) free[static_cast<std::size_t>(r)] = start + t;
     }
   return free.empty() ? 0.0 : *std::max_element(free.begin(), free.end());
@@ -137,13 +162,14 @@ Plan plan(const Batch& batch, const Cluster& cluster, const CostModel& cost, con
   warn_near_capacity(batch, cap, cluster.num_ranks);
 
   const double lb = options.pp > 1 ? lower_bound(batch, cluster, cost, options) : -1.0;  // once, not per candidate
+  const std::vector<GroupStats> single = single_stats(batch, cost);
   PlanOptions opts = options;
   opts.score = [&](const Plan& p) {
     if (options.vpp > 1)  // interleaving runs whole microbatch groups of pp: other counts are not a candidate
       for (int c : p.microbatch_counts(cluster.num_ranks))
         if (c % options.pp != 0) return std::numeric_limits<double>::infinity();
     try {
-      return step_time(p, batch, cluster, cost, options);
+      return step_time(p, single, cluster, cost, options);
     } catch (const Error&) {  // e.g. a pipelined plan whose shared groups would deadlock under 1F1B
       return std::numeric_limits<double>::infinity();
     }

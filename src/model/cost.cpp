@@ -62,30 +62,14 @@ int CostModel::min_degree(std::int64_t tokens, const Cluster& cluster) const {
   return static_cast<int>(std::min<std::int64_t>(std::max<std::int64_t>(d, 1), 1 << 30));
 }
 
-double CostModel::compute_time(const GroupStats& g, int d) const {
-  const double classic = (attn_coef * g.weighted_sq + linear_coef * static_cast<double>(g.tokens)) / d + group_overhead;
-  if (!extended()) return classic;  // the classic form, bit for bit
-  const double per_doc = doc_overhead + doc_hop_overhead * (d - 1) + (d == 1 ? doc_solo_overhead : 0.0);
-  return classic + attn_pow_coef * g.weighted_pow / d + attn_log_coef * g.weighted_log +
-         per_doc * static_cast<double>(g.count);
-}
-
-double CostModel::attn_time(const GroupStats& g, int d) const { return attn_coef * g.weighted_sq / d; }
-
-double CostModel::comm_time(const GroupStats& g, int d, bool crosses, const Cluster& c) const {
-  if (d <= 1) return 0.0;
-  const double lat = crosses ? c.inter_node_latency : c.intra_node_latency;
-  const double bw = crosses ? c.inter_node_bandwidth : c.intra_node_bandwidth;
-  return (d - 1) * (lat + static_cast<double>(g.tokens) / d * kv_bytes_per_token / bw);
-}
-
-double CostModel::time(const GroupStats& g, int d, bool crosses, const Cluster& c) const {
-  const double comm = comm_time(g, d, crosses, c);
-  return compute_time(g, d) + comm - comm_overlap * std::min(attn_time(g, d), comm);
-}
-
 double CostModel::group_time(const Group& group, const Batch& batch, const Cluster& cluster) const {
   return time(group_stats(batch, *this, group.sequences), group.degree(), cluster.crosses_nodes(group.ranks), cluster);
+}
+
+double CostModel::group_time(const Group& group, std::span<const GroupStats> single, const Cluster& cluster) const {
+  GroupStats g;
+  for (auto id : group.sequences) g.merge(single[static_cast<std::size_t>(id)]);
+  return time(g, group.degree(), cluster.crosses_nodes(group.ranks), cluster);
 }
 
 double CostModel::time(const GroupStats& g, int d, const Cluster& c) const {
@@ -134,16 +118,15 @@ double CostModel::work(std::int64_t len, Mask mask) const {
 }
 
 std::string CostModel::describe() const {
-  return detail::cat("CostModel(name='", name, "', attn_coef=", attn_coef, ", linear_coef=", linear_coef,
-                     ", group_overhead=", group_overhead, ", causal_factor=", causal_factor,
-                     ", full_factor=", full_factor, ", kv_bytes_per_token=", kv_bytes_per_token,
-                     ", mem_per_token=", mem_per_token, ", mem_static=", mem_static,
-                     extended() ? detail::cat(", attn_pow_coef=", attn_pow_coef, ", attn_log_coef=", attn_log_coef,
-                                              ", doc_overhead=", doc_overhead, ", doc_hop_overhead=",
-                                              doc_hop_overhead, ", doc_solo_overhead=", doc_solo_overhead,
-                                              ", comm_overlap=", comm_overlap)
-                                : std::string(),
-                     ")");
+  return detail::cat(
+      "CostModel(name='", name, "', attn_coef=", attn_coef, ", linear_coef=", linear_coef,
+      ", group_overhead=", group_overhead, ", causal_factor=", causal_factor, ", full_factor=", full_factor,
+      ", kv_bytes_per_token=", kv_bytes_per_token, ", mem_per_token=", mem_per_token, ", mem_static=", mem_static,
+      extended() ? detail::cat(", attn_pow_coef=", attn_pow_coef, ", attn_log_coef=", attn_log_coef,
+                               ", doc_overhead=", doc_overhead, ", doc_hop_overhead=", doc_hop_overhead,
+                               ", doc_solo_overhead=", doc_solo_overhead, ", comm_overlap=", comm_overlap)
+                 : std::string(),
+      ")");
 }
 
 GroupStats group_stats(const Batch& batch, const CostModel& cost, std::span<const std::int64_t> ids) {
@@ -151,6 +134,12 @@ GroupStats group_stats(const Batch& batch, const CostModel& cost, std::span<cons
   for (auto id : ids)
     g.add(batch.lengths[static_cast<std::size_t>(id)], cost.eta(batch.mask(static_cast<std::size_t>(id))));
   return g;
+}
+
+std::vector<GroupStats> single_stats(const Batch& batch, const CostModel& cost) {
+  std::vector<GroupStats> out(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) out[i].add(batch.lengths[i], cost.eta(batch.mask(i)));
+  return out;
 }
 
 std::int64_t group_rows(const Batch& batch, const Cluster& cluster, std::span<const std::int64_t> ids, int d) {

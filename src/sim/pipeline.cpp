@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 
@@ -47,7 +48,8 @@ struct Layout {
 };
 
 /// Appends the Megatron op order of one rank-stage (m microbatches `mbs`, stage k) as nodes to `out`.
-void append_op_order(const std::vector<int>& mbs, int pp, int vpp, int k, const Layout& L, std::vector<Node>& out) {
+void append_op_order(std::span<const std::int32_t> mbs, int pp, int vpp, int k, const Layout& L,
+                     std::vector<Node>& out) {
   const std::int64_t m = static_cast<std::int64_t>(mbs.size());
   const std::int64_t total = m * vpp;
   std::int64_t warmup;
@@ -165,7 +167,7 @@ void validate(const PipelineProblem& p) {
   }
 }
 
-[[noreturn]] void throw_cycle(const Layout& L, const PipelineProblem& p, const std::vector<Node>& seq,
+[[noreturn]] void throw_cycle(const Layout& L, int pp, const std::vector<Node>& seq,
                               const std::vector<std::size_t>& seg_off, const std::vector<std::int32_t>& indeg) {
   const Node N = static_cast<Node>(indeg.size());
   // Every unprocessed node has an unprocessed predecessor; following them must close a cycle.
@@ -211,7 +213,7 @@ void validate(const PipelineProblem& p) {
     if (order_edge) {
       const auto seg = static_cast<std::size_t>(
           std::upper_bound(seg_off.begin(), seg_off.end(), static_cast<std::size_t>(s)) - seg_off.begin() - 1);
-      rank = static_cast<int>(seg / static_cast<std::size_t>(p.pp));
+      rank = static_cast<int>(seg / static_cast<std::size_t>(pp));
       ranks.insert(rank);
     }
     if (i < shown) {
@@ -242,77 +244,151 @@ void validate(const PipelineProblem& p) {
                   ". Give every rank of a group the same relative order of the groups it shares."));
 }
 
-}  // namespace
+// The validated flat form of a problem.
+FlatProblem flatten(const PipelineProblem& p) {
+  FlatProblem f;
+  f.num_ranks = p.num_ranks, f.pp = p.pp, f.vpp = p.vpp;
+  f.rank_off.reserve(static_cast<std::size_t>(p.num_ranks) + 1);
+  f.rank_off.push_back(0);
+  for (const auto& mbs : p.rank_microbatches) {
+    f.rank_groups.insert(f.rank_groups.end(), mbs.begin(), mbs.end());
+    f.rank_off.push_back(static_cast<std::int32_t>(f.rank_groups.size()));
+  }
+  for (const auto& ranks : p.group_ranks) f.group_size.push_back(static_cast<std::int32_t>(ranks.size()));
+  f.group_forward = p.group_forward, f.group_backward = p.group_backward;
+  return f;
+}
 
-PipelineResult simulate(const PipelineProblem& p, bool keep_timeline) {
-  validate(p);
-  const int P = p.num_ranks, pp = p.pp, vpp = p.vpp;
-  const std::int64_t G = static_cast<std::int64_t>(p.group_ranks.size());
-  const Layout L(pp, vpp);
-  const Node N = static_cast<Node>(G * L.len);
+// Consistency of a flat problem (simulate's validate covers the nested form): what the longest path relies on.
+void validate_flat(const FlatProblem& p) {
+  if (p.num_ranks < 1 || p.pp < 1 || p.vpp < 1)
+    invalid("num_ranks, pp and vpp must be >= 1, got ", p.num_ranks, ", ", p.pp, " and ", p.vpp);
+  const std::size_t G = p.group_size.size();
+  if (p.rank_off.size() != static_cast<std::size_t>(p.num_ranks) + 1 || p.rank_off.front() != 0 ||
+      p.rank_off.back() != static_cast<std::int32_t>(p.rank_groups.size()))
+    invalid("rank_off must hold num_ranks + 1 offsets from 0 to rank_groups.size()");
+  if (p.group_forward.size() != G || p.group_backward.size() != G)
+    invalid("group_forward and group_backward must have one entry per group (", G, ")");
+  if (static_cast<double>(G) * p.pp * p.vpp * 2 >= 2147483647.0)
+    invalid("problem too large: groups x 2 x pp x vpp exceeds 2^31 - 1");
+  for (std::size_t g = 0; g < G; ++g)
+    if (!std::isfinite(p.group_forward[g]) || p.group_forward[g] < 0 || !std::isfinite(p.group_backward[g]) ||
+        p.group_backward[g] < 0)
+      invalid("group ", g, " has forward ", p.group_forward[g], " and backward ", p.group_backward[g],
+              "; need finite and >= 0");
+  std::vector<std::int32_t> seen(G, 0);
+  for (int r = 0; r < p.num_ranks; ++r) {
+    const auto n = p.rank_off[r + 1] - p.rank_off[r];
+    if (n < 0) invalid("rank_off decreases at rank ", r);
+    if (p.vpp > 1 && n % p.pp != 0)
+      invalid("interleaved 1F1B (vpp = ", p.vpp,
+              ") needs every rank's microbatch count to be a multiple of pp = ", p.pp, "; rank ", r, " has ", n);
+  }
+  for (std::int32_t g : p.rank_groups) {
+    if (g < 0 || static_cast<std::size_t>(g) >= G) invalid("unknown group id ", g, " (", G, " groups)");
+    ++seen[static_cast<std::size_t>(g)];
+  }
+  for (std::size_t g = 0; g < G; ++g)
+    if (seen[g] != p.group_size[g] || seen[g] < 1)
+      invalid("group ", g, " is listed by ", seen[g], " ranks but its size is ", p.group_size[g]);
+}
 
-  // Per node: duration, activation delta (+mem at a forward, -mem at a backward) and order out-degree bound.
-  std::vector<double> dur(N), delta(N);
-  std::vector<std::size_t> succ_off(static_cast<std::size_t>(N) + 1, 0);
-  {
+// The op DAG of a step and its longest path: per-node durations, the op orders (one segment per rank-stage, index
+// r * pp + k), order successors (CSR) and, after run(), each node's start.
+struct Dag {
+  Layout L;
+  Node N = 0;
+  std::vector<double> dur, start;
+  std::vector<Node> seq, succ, queue;
+  std::vector<std::size_t> seg_off, succ_off;
+  std::vector<std::int32_t> indeg;
+  double makespan = 0.0;
+
+  explicit Dag(const FlatProblem& p) : L(p.pp, p.vpp) {
+    const int P = p.num_ranks, pp = p.pp, vpp = p.vpp;
+    const auto G = static_cast<std::int64_t>(p.group_size.size());
+    N = static_cast<Node>(G * L.len);
+    dur.resize(static_cast<std::size_t>(N));
+    succ_off.assign(static_cast<std::size_t>(N) + 1, 0);
     const std::int64_t half = L.len / 2;
     std::size_t acc = 0;
-    for (std::int64_t g = 0; g < G; ++g) {
-      const double mem = p.group_memory.empty() ? 0.0 : p.group_memory[g];
-      const std::size_t ranks = p.group_ranks[g].size();
+    for (std::int64_t g = 0; g < G; ++g)
       for (std::int64_t j = 0; j < L.len; ++j) {
         const Node n = static_cast<Node>(g * L.len + j);
         dur[n] = j < half ? p.group_forward[g] : p.group_backward[g];
-        delta[n] = j < half ? mem : -mem;
-        succ_off[n] = acc;  // a node has one slot per rank of its group, hence at most that many order successors
-        acc += ranks;
+        succ_off[n] = acc;  // one slot per rank of its group: at most that many order successors
+        acc += static_cast<std::size_t>(p.group_size[g]);
+      }
+    succ_off[N] = acc;
+    seq.reserve(p.rank_groups.size() * static_cast<std::size_t>(L.len));
+    seg_off.assign(static_cast<std::size_t>(P) * pp + 1, 0);
+    for (int r = 0; r < P; ++r) {
+      const std::span<const std::int32_t> mbs(p.rank_groups.data() + p.rank_off[r],
+                                              static_cast<std::size_t>(p.rank_off[r + 1] - p.rank_off[r]));
+      for (int k = 0; k < pp; ++k) {
+        append_op_order(mbs, pp, vpp, k, L, seq);
+        seg_off[static_cast<std::size_t>(r) * pp + k + 1] = seq.size();
       }
     }
-    succ_off[N] = acc;
   }
 
-  // Op orders: one segment per (rank, stage), segment index r * pp + k.
-  std::size_t total_slots = 0;
-  for (const auto& mbs : p.rank_microbatches) total_slots += mbs.size() * L.len;
-  std::vector<Node> seq;
-  seq.reserve(total_slots);
-  std::vector<std::size_t> seg_off(static_cast<std::size_t>(P) * pp + 1, 0);
-  for (int r = 0; r < P; ++r)
-    for (int k = 0; k < pp; ++k) {
-      append_op_order(p.rank_microbatches[r], pp, vpp, k, L, seq);
-      seg_off[static_cast<std::size_t>(r) * pp + k + 1] = seq.size();
+  // Kahn's algorithm with longest-path relaxation; FIFO seeded in node-id order, hence deterministic. False on a
+  // dependency cycle (the nodes left with in-degree > 0 lie on or behind it).
+  bool run() {
+    succ.assign(succ_off[N], kNone);
+    std::vector<std::size_t> cursor(succ_off.begin(), succ_off.end() - 1);
+    indeg.assign(static_cast<std::size_t>(N), 1);
+    for (Node g0 = 0; g0 < N; g0 += static_cast<Node>(L.len)) indeg[g0] = 0;
+    for (std::size_t sg = 0; sg + 1 < seg_off.size(); ++sg)
+      for (std::size_t s = seg_off[sg]; s + 1 < seg_off[sg + 1]; ++s) {
+        succ[cursor[seq[s]]++] = seq[s + 1];
+        ++indeg[seq[s + 1]];
+      }
+    start.assign(static_cast<std::size_t>(N), 0.0);
+    queue.clear();
+    queue.reserve(static_cast<std::size_t>(N));
+    for (Node n = 0; n < N; ++n)
+      if (indeg[n] == 0) queue.push_back(n);
+    makespan = 0.0;
+    for (std::size_t head = 0; head < queue.size(); ++head) {
+      const Node u = queue[head];
+      const double end = start[u] + dur[u];
+      makespan = std::max(makespan, end);
+      auto relax = [&](Node v) {
+        start[v] = std::max(start[v], end);
+        if (--indeg[v] == 0) queue.push_back(v);
+      };
+      if ((static_cast<std::int64_t>(u) + 1) % L.len != 0) relax(u + 1);  // data successor
+      for (std::size_t e = succ_off[u]; e < succ_off[u + 1] && succ[e] != kNone; ++e) relax(succ[e]);
     }
-
-  // Order-edge successors (CSR; unused entries stay kNone) and in-degrees (order edges + the data edge n-1 -> n).
-  std::vector<Node> succ(succ_off[N], kNone);
-  std::vector<std::size_t> cursor(succ_off.begin(), succ_off.end() - 1);
-  std::vector<std::int32_t> indeg(N, 1);
-  for (std::int64_t g = 0; g < G; ++g) indeg[static_cast<std::size_t>(g * L.len)] = 0;
-  for (std::size_t seg = 0; seg + 1 < seg_off.size(); ++seg)
-    for (std::size_t s = seg_off[seg]; s + 1 < seg_off[seg + 1]; ++s) {
-      succ[cursor[seq[s]]++] = seq[s + 1];
-      ++indeg[seq[s + 1]];
-    }
-
-  // Kahn's algorithm with longest-path relaxation; FIFO seeded in node-id order, hence deterministic.
-  std::vector<double> start(N, 0.0);
-  std::vector<Node> queue;
-  queue.reserve(N);
-  for (Node n = 0; n < N; ++n)
-    if (indeg[n] == 0) queue.push_back(n);
-  double makespan = 0.0;
-  for (std::size_t head = 0; head < queue.size(); ++head) {
-    const Node u = queue[head];
-    const double end = start[u] + dur[u];
-    makespan = std::max(makespan, end);
-    auto relax = [&](Node v) {
-      start[v] = std::max(start[v], end);
-      if (--indeg[v] == 0) queue.push_back(v);
-    };
-    if ((static_cast<std::int64_t>(u) + 1) % L.len != 0) relax(u + 1);  // data successor
-    for (std::size_t e = succ_off[u]; e < succ_off[u + 1] && succ[e] != kNone; ++e) relax(succ[e]);
+    return static_cast<Node>(queue.size()) == N;
   }
-  if (static_cast<Node>(queue.size()) != N) throw_cycle(L, p, seq, seg_off, indeg);
+};
+
+}  // namespace
+
+double step_time(const FlatProblem& p) {
+  validate_flat(p);
+  Dag d(p);
+  if (!d.run()) throw_cycle(d.L, p.pp, d.seq, d.seg_off, d.indeg);
+  return d.makespan;
+}
+
+PipelineResult simulate(const PipelineProblem& p, bool keep_timeline) {
+  validate(p);
+  const int P = p.num_ranks, pp = p.pp;
+  Dag d(flatten(p));
+  if (!d.run()) throw_cycle(d.L, pp, d.seq, d.seg_off, d.indeg);
+  const Layout& L = d.L;
+  const double makespan = d.makespan;
+  const std::vector<Node>& seq = d.seq;
+  const std::vector<std::size_t>& seg_off = d.seg_off;
+  const std::vector<double>&dur = d.dur, &start = d.start;
+  const std::size_t total_slots = seq.size();
+  auto delta = [&](Node n) {  // activation change at node n: +mem at a forward, -mem at a backward
+    const double mem = p.group_memory.empty() ? 0.0 : p.group_memory[static_cast<std::size_t>(L.group(n))];
+    return L.dir(n) ? -mem : mem;
+  };
 
   PipelineResult res;
   res.step_time = makespan + p.grad_sync;
@@ -329,7 +405,7 @@ PipelineResult simulate(const PipelineProblem& p, bool keep_timeline) {
       for (std::size_t s = seg_off[seg]; s < seg_off[seg + 1]; ++s) {
         const Node n = seq[s];
         busy += dur[n];
-        inflight += delta[n];
+        inflight += delta(n);
         peak = std::max(peak, inflight);  // a backward only lowers it, so checking every op is harmless
         if (keep_timeline)
           res.ops.push_back({r, k, static_cast<int>(L.chunk(n)), static_cast<int>(L.group(n)), L.dir(n) == 1, start[n],

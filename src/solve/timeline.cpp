@@ -33,16 +33,21 @@ double TimelineBuilder::add(std::vector<int> ranks, std::vector<std::int64_t> id
 
 double TimelineBuilder::makespan() const { return *std::max_element(free_.begin(), free_.end()); }
 
-Plan TimelineBuilder::to_plan() const {
+Plan TimelineBuilder::to_plan() const { return lay_out_groups(groups_); }
+
+Plan lay_out_groups(std::vector<Group> groups) {
   Plan plan;
-  std::vector<int> next(free_.size(), 0);
-  for (const auto& g : groups_) {
+  int ranks = 0;
+  for (const auto& g : groups)
+    for (int r : g.ranks) ranks = std::max(ranks, r + 1);
+  std::vector<int> next(static_cast<std::size_t>(ranks), 0);
+  for (auto& g : groups) {
     int slot = 0;
     for (int r : g.ranks) slot = std::max(slot, next[static_cast<std::size_t>(r)]);
     for (int r : g.ranks) next[static_cast<std::size_t>(r)] = slot + 1;
     if (plan.microbatches.size() <= static_cast<std::size_t>(slot))
       plan.microbatches.resize(static_cast<std::size_t>(slot) + 1);
-    plan.microbatches[static_cast<std::size_t>(slot)].push_back(g);
+    plan.microbatches[static_cast<std::size_t>(slot)].push_back(std::move(g));
   }
   return plan;
 }

@@ -48,7 +48,10 @@ class Units {
         pp_(pp),
         equal_(equal_counts),
         step_(step),
-        m_max_(std::min(32, 8 * pp) / step * step) {}
+        m_max_(std::min(32, 8 * pp) / step * step) {
+    one_.reserve(batch.size());
+    for (std::size_t i = 0; i < batch.size(); ++i) one_.push_back(stats_of(batch, cost, i));
+  }
 
   /// A unit of `width` ranks from `start` is usable when it stays inside one node or spans whole nodes.
   bool aligned(int start, int width) const {
@@ -102,6 +105,7 @@ class Units {
   int step_;  // counts are multiples of it (pp under interleaving)
   int m_max_;
   std::map<int, std::vector<double>> alone_;
+  std::vector<GroupStats> one_;  // each sequence's stats alone
 };
 
 // One unit's sequences (heaviest first) into m microbatches: each, in turn, into the microbatch with the most time
@@ -125,13 +129,13 @@ Packed Units::pack(const std::vector<std::int64_t>& ids, int width, int m) {
     for (std::size_t j = 0; j < M; ++j) {
       if (used[j] + rows(i, width) > cap) continue;
       GroupStats g = stats[j];
-      g.add(batch_.lengths[i], cost_.eta(batch_.mask(i)));
+      g.merge(one_[i]);
       const double t = this->time(g, width);
       const double left = profile[j] * S / m - t;
       if (best == M || left > best_left) best = j, best_left = left, best_time = t;
     }
     if (best == M) return {};
-    stats[best].add(batch_.lengths[i], cost_.eta(batch_.mask(i)));
+    stats[best].merge(one_[i]);
     used[best] += rows(i, width);
     time[best] = best_time;
     bins[best].push_back(id);
@@ -199,6 +203,7 @@ Plan Units::run(const std::vector<Unit>& units, std::vector<std::vector<std::int
       double best = span_of(hi);
       std::size_t pick = ids[hi].size(), to = hi;
       std::vector<Packed> best_hi, best_lo;
+      std::map<std::size_t, std::vector<Packed>> without;  // the slowest unit re-packed without its k-th sequence
       for (std::size_t r = 0; r < std::min<std::size_t>(kTargets, U - 1); ++r) {
         const std::size_t lo = by_span[r];
         const auto& t_lo = alone(units[lo].width);
@@ -215,20 +220,28 @@ Plan Units::run(const std::vector<Unit>& units, std::vector<std::vector<std::int
         for (std::size_t k : tries) {
           const std::int64_t s = ids[hi][k];
           if (!fits(static_cast<std::size_t>(s), units[lo].width)) continue;
-          std::vector<std::int64_t> a = ids[hi], b = ids[lo];
-          a.erase(a.begin() + static_cast<std::ptrdiff_t>(k));
+          auto found = without.find(k);
+          if (found == without.end()) {
+            std::vector<std::int64_t> a = ids[hi];
+            a.erase(a.begin() + static_cast<std::ptrdiff_t>(k));
+            found = without.emplace(k, pack_all(a, units[hi].width, chosen[hi] - step_, chosen[hi] + step_)).first;
+          }
+          const std::vector<Packed>& ra = found->second;
+          const int ma = best_m(ra);
+          const double t_hi = ma ? ra[static_cast<std::size_t>(ma - 1)].makespan : 0.0;
+          // the move is kept only when both units end below `best`: no need to pack the receiver otherwise
+          if ((ids[hi].size() > 1 && ma == 0) || !(t_hi < best - 1e-12)) continue;
+          std::vector<std::int64_t> b = ids[lo];
           auto at = std::find_if(b.begin(), b.end(), [&](std::int64_t y) {
             const double ts = t_lo[static_cast<std::size_t>(s)], ty = t_lo[static_cast<std::size_t>(y)];
             return ts > ty || (ts == ty && s < y);
           });
           b.insert(at, s);
-          auto ra = pack_all(a, units[hi].width, chosen[hi] - step_, chosen[hi] + step_);
           auto rb = pack_all(b, units[lo].width, chosen[lo] - step_, chosen[lo] + step_);
-          const int ma = best_m(ra), mb = best_m(rb);
-          if ((!a.empty() && ma == 0) || mb == 0) continue;
-          const double t = std::max(ma ? ra[static_cast<std::size_t>(ma - 1)].makespan : 0.0,
-                                    rb[static_cast<std::size_t>(mb - 1)].makespan);
-          if (t < best - 1e-12) best = t, pick = k, to = lo, best_hi = std::move(ra), best_lo = std::move(rb);
+          const int mb = best_m(rb);
+          if (mb == 0) continue;
+          const double t = std::max(t_hi, rb[static_cast<std::size_t>(mb - 1)].makespan);
+          if (t < best - 1e-12) best = t, pick = k, to = lo, best_hi = ra, best_lo = std::move(rb);
         }
       }
       if (pick == ids[hi].size()) break;
@@ -269,12 +282,12 @@ double Units::split(std::vector<std::int64_t> ids, int start, int width, std::ve
       double after[2];
       for (int k = 0; k < 2; ++k) {
         GroupStats h = g[k];
-        h.add(batch_.lengths[i], cost_.eta(batch_.mask(i)));
+        h.merge(one_[i]);
         after[k] = used[k] + rows(i, half) <= cap ? time(h, half) : kInf;
       }
       const int k = after[1] < after[0] ? 1 : 0;
       if (after[k] == kInf) ok = false;
-      g[k].add(batch_.lengths[i], cost_.eta(batch_.mask(i))), t[k] = after[k], part[k].push_back(id);
+      g[k].merge(one_[i]), t[k] = after[k], part[k].push_back(id);
       used[k] += rows(i, half);
     }
     if (ok && !part[1].empty() && std::max(t[0], t[1]) < time(group_stats(batch_, cost_, ids), width) - 1e-12) {

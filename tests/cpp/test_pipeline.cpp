@@ -14,9 +14,9 @@
 #include <tuple>
 
 #include "clusters.hpp"
+#include "dynacp/api/planner.hpp"
 #include "dynacp/model/error.hpp"
 #include "dynacp/sim/pipeline.hpp"
-#include "dynacp/api/planner.hpp"
 #include "dynacp/solve/cover.hpp"
 #include "dynacp/solve/microbatch.hpp"
 #include "dynacp/solve/partitions.hpp"
@@ -635,6 +635,99 @@ TEST(Pipeline, RandomOrdersSimulateOrReportACycle) {
   }
   EXPECT_GT(simulated, 50);
   EXPECT_GT(cycles, 50);
+}
+
+// The flat step-time path (what dynacp's scorer runs) gives simulate()'s step time bit for bit on random problems,
+// and reports the same cycles; bad flat arrays raise InvalidArgument naming the problem.
+namespace {
+PipelineProblem random_problem(std::mt19937_64& rng) {
+  PipelineProblem p;
+  p.num_ranks = 1 + static_cast<int>(rng() % 6);
+  p.pp = 1 + static_cast<int>(rng() % 4);
+  p.vpp = rng() % 3 == 0 ? 2 : 1;
+  const int G = 1 + static_cast<int>(rng() % 12);
+  p.rank_microbatches.assign(p.num_ranks, {});
+  for (int g = 0; g < G; ++g) {
+    std::vector<int> ranks;
+    for (int r = 0; r < p.num_ranks; ++r)
+      if (rng() % 3 == 0) ranks.push_back(r);
+    if (ranks.empty()) ranks.push_back(static_cast<int>(rng() % p.num_ranks));
+    for (int r : ranks) p.rank_microbatches[r].push_back(g);
+    p.group_ranks.push_back(ranks);
+    p.group_forward.push_back(0.1 + static_cast<double>(rng() % 1000) / 97.0);
+    p.group_backward.push_back(static_cast<double>(rng() % 1000) / 89.0);
+  }
+  if (rng() % 2) {  // half in a consistent order (no cycle), half shuffled
+    for (auto& mbs : p.rank_microbatches) std::shuffle(mbs.begin(), mbs.end(), rng);
+  }
+  if (p.vpp > 1)
+    for (const auto& mbs : p.rank_microbatches)
+      if (mbs.size() % p.pp) p.vpp = 1;
+  return p;
+}
+
+sim::FlatProblem flat_of(const PipelineProblem& p) {
+  sim::FlatProblem f;
+  f.num_ranks = p.num_ranks, f.pp = p.pp, f.vpp = p.vpp;
+  f.rank_off.push_back(0);
+  for (const auto& mbs : p.rank_microbatches) {
+    f.rank_groups.insert(f.rank_groups.end(), mbs.begin(), mbs.end());
+    f.rank_off.push_back(static_cast<std::int32_t>(f.rank_groups.size()));
+  }
+  for (const auto& r : p.group_ranks) f.group_size.push_back(static_cast<std::int32_t>(r.size()));
+  f.group_forward = p.group_forward, f.group_backward = p.group_backward;
+  return f;
+}
+}  // namespace
+
+TEST(Pipeline, FlatStepTimeIsTheSimulators) {
+  std::mt19937_64 rng(77);
+  int same = 0, cycles = 0;
+  for (int iter = 0; iter < 600; ++iter) {
+    const PipelineProblem p = random_problem(rng);
+    double full = -1.0;
+    try {
+      full = simulate(p).step_time;
+    } catch (const Error&) {
+    }
+    if (full < 0) {
+      EXPECT_THROW(sim::step_time(flat_of(p)), Error) << "iteration " << iter;
+      ++cycles;
+    } else {
+      EXPECT_EQ(sim::step_time(flat_of(p)), full) << "iteration " << iter;
+      ++same;
+    }
+  }
+  EXPECT_GT(same, 200);
+  EXPECT_GT(cycles, 50);
+}
+
+TEST(Pipeline, FlatStepTimeRejectsInconsistentArrays) {
+  const sim::FlatProblem good = flat_of(uniform_shared(3, 2, 1, 4, 1.0, 2.0));
+  EXPECT_GT(sim::step_time(good), 0.0);
+  auto expect_invalid = [](const sim::FlatProblem& f, const std::string& words) {
+    try {
+      sim::step_time(f);
+      ADD_FAILURE() << "no error for: " << words;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  sim::FlatProblem f = good;
+  f.group_size[0] += 1;
+  expect_invalid(f, "is listed by");
+  f = good;
+  f.rank_groups[0] = 99;
+  expect_invalid(f, "unknown group id 99");
+  f = good;
+  f.rank_off.pop_back();
+  expect_invalid(f, "rank_off");
+  f = good;
+  f.group_forward[1] = -1.0;
+  expect_invalid(f, "group 1 has forward -1");
+  f = good;
+  f.pp = 0;
+  expect_invalid(f, "must be >= 1");
 }
 
 // The solver's own 1F1B makespan (one pipeline, no CP groups) is the simulator's, exactly; uniform microbatches give

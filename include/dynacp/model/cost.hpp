@@ -15,10 +15,12 @@
 //
 // All coefficients describe one whole training step of one microbatch (all layers, forward + backward).
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "dynacp/model/batch.hpp"
 #include "dynacp/model/cluster.hpp"
@@ -29,14 +31,20 @@ struct Group;
 
 /// Aggregate statistics of a group of sequences: all the cost model needs.
 struct GroupStats {
-  std::int64_t tokens = 0;   ///< sum s
-  double weighted_sq = 0.0;  ///< sum eta(s) * s^2
-  std::int64_t max_len = 0;  ///< longest member
-  std::int64_t count = 0;    ///< number of sequences
-  double weighted_pow = 0.0; ///< sum eta(s) * s^1.5
-  double weighted_log = 0.0; ///< sum eta(s) * s * log2(s)
+  std::int64_t tokens = 0;    ///< sum s
+  double weighted_sq = 0.0;   ///< sum eta(s) * s^2
+  std::int64_t max_len = 0;   ///< longest member
+  std::int64_t count = 0;     ///< number of sequences
+  double weighted_pow = 0.0;  ///< sum eta(s) * s^1.5
+  double weighted_log = 0.0;  ///< sum eta(s) * s * log2(s)
 
   void add(std::int64_t len, double eta);
+  /// Adds another group's members (the same sums as adding them one by one, in that group's order, to an empty
+  /// GroupStats and then combining: for one member exactly add(len, eta)).
+  void merge(const GroupStats& o) {
+    tokens += o.tokens, weighted_sq += o.weighted_sq, max_len = std::max(max_len, o.max_len), count += o.count;
+    weighted_pow += o.weighted_pow, weighted_log += o.weighted_log;
+  }
 };
 
 struct CostModel {
@@ -58,11 +66,11 @@ struct CostModel {
   double backward_ratio = 2.0;
   // The per-document ("extended") terms of the model form; all 0 by default and in every built-in preset, which
   // keeps the classic form above bit for bit. `dynacp calibrate fit` fits them (docs/cost_model.md, "Extended form").
-  double attn_pow_coef = 0.0;       ///< kp: seconds per eta*token^1.5, divided by d (attention efficiency, mid lengths)
-  double attn_log_coef = 0.0;       ///< kl: seconds per eta*token*log2(token) on EVERY rank of the ring (not / d)
-  double doc_overhead = 0.0;        ///< c_doc: seconds per sequence of the group (kernel launch floor), any d
-  double doc_hop_overhead = 0.0;    ///< c_hop: seconds per sequence per ring hop (d - 1 hops)
-  double doc_solo_overhead = 0.0;   ///< c_solo: seconds per sequence of a group run on one rank (d = 1)
+  double attn_pow_coef = 0.0;      ///< kp: seconds per eta*token^1.5, divided by d (attention efficiency, mid lengths)
+  double attn_log_coef = 0.0;      ///< kl: seconds per eta*token*log2(token) on EVERY rank of the ring (not / d)
+  double doc_overhead = 0.0;       ///< c_doc: seconds per sequence of the group (kernel launch floor), any d
+  double doc_hop_overhead = 0.0;   ///< c_hop: seconds per sequence per ring hop (d - 1 hops)
+  double doc_solo_overhead = 0.0;  ///< c_solo: seconds per sequence of a group run on one rank (d = 1)
   /// phi: the share of min(T_attn, T_comm) that attention hides, in [0, 1]; 1 (fully hidden) is the classic form.
   double comm_overlap = 1.0;
 
@@ -85,11 +93,27 @@ struct CostModel {
   /// multiple of k. For a group of several sequences it is a lower bound on the group's least degree.
   int min_degree(std::int64_t tokens, const Cluster& cluster) const;
 
-  double compute_time(const GroupStats& g, int d) const;
-  double attn_time(const GroupStats& g, int d) const;
-  double comm_time(const GroupStats& g, int d, bool crosses_nodes, const Cluster& cluster) const;
+  // Inline: the searches price groups millions of times per plan (docs/cost_model.md has the formulas).
+  double compute_time(const GroupStats& g, int d) const {
+    const double classic =
+        (attn_coef * g.weighted_sq + linear_coef * static_cast<double>(g.tokens)) / d + group_overhead;
+    if (!extended()) return classic;  // the classic form, bit for bit
+    const double per_doc = doc_overhead + doc_hop_overhead * (d - 1) + (d == 1 ? doc_solo_overhead : 0.0);
+    return classic + attn_pow_coef * g.weighted_pow / d + attn_log_coef * g.weighted_log +
+           per_doc * static_cast<double>(g.count);
+  }
+  double attn_time(const GroupStats& g, int d) const { return attn_coef * g.weighted_sq / d; }
+  double comm_time(const GroupStats& g, int d, bool crosses_nodes, const Cluster& cluster) const {
+    if (d <= 1) return 0.0;
+    const double lat = crosses_nodes ? cluster.inter_node_latency : cluster.intra_node_latency;
+    const double bw = crosses_nodes ? cluster.inter_node_bandwidth : cluster.intra_node_bandwidth;
+    return (d - 1) * (lat + static_cast<double>(g.tokens) / d * kv_bytes_per_token / bw);
+  }
   /// T(G,d); crosses_nodes selects the inter-node link for the ring.
-  double time(const GroupStats& g, int d, bool crosses_nodes, const Cluster& cluster) const;
+  double time(const GroupStats& g, int d, bool crosses_nodes, const Cluster& cluster) const {
+    const double comm = comm_time(g, d, crosses_nodes, cluster);
+    return compute_time(g, d) + comm - comm_overlap * std::min(attn_time(g, d), comm);
+  }
   /// T(G,d) when the group is placed as compactly as possible: crosses nodes only if d > ranks_per_node.
   double time(const GroupStats& g, int d, const Cluster& cluster) const;
   /// The minimisers of T(G,d) under compact placement on the two pieces of [dmin, P]: d <= ranks_per_node (one
@@ -102,6 +126,9 @@ struct CostModel {
   /// T of one planned group: its sequences' stats on its degree, over the inter-node link when its ranks span nodes.
   /// The one place a placed group's time is computed (evaluators, simulator input, polish passes).
   double group_time(const Group& group, const Batch& batch, const Cluster& cluster) const;
+  /// The same from each sequence's stats alone (`single[i]`: group_stats of sequence i), summed in member order:
+  /// bit for bit the value above, without the per-member powers and logarithms (for scorers pricing many plans).
+  double group_time(const Group& group, std::span<const GroupStats> single, const Cluster& cluster) const;
   /// The forward and the backward part of a microbatch of time t (backward_ratio), per stage-chunk of `chunks`.
   double forward_time(double t, double chunks = 1.0) const { return t / ((1.0 + backward_ratio) * chunks); }
   double backward_time(double t, double chunks = 1.0) const {
@@ -119,6 +146,8 @@ struct CostModel {
 
 /// Stats of the sequences `ids` of `batch`.
 GroupStats group_stats(const Batch& batch, const CostModel& cost, std::span<const std::int64_t> ids);
+/// Each sequence's stats alone: element i is group_stats of {i}.
+std::vector<GroupStats> single_stats(const Batch& batch, const CostModel& cost);
 /// R(G,d): the rows each rank of a d-rank ring holds for the sequences `ids` once padded (Cluster::padded_rows).
 std::int64_t group_rows(const Batch& batch, const Cluster& cluster, std::span<const std::int64_t> ids, int d);
 

@@ -1,6 +1,7 @@
 // Pipeline simulator: 1F1B and interleaved 1F1B per pipeline, CP groups synchronised across pipelines, final
 // gradient synchronisation. See docs/simulator.md for the model, the op orders and the closed-form validation.
 #pragma once
+#include <cstdint>
 #include <vector>
 
 namespace dynacp::sim {
@@ -50,6 +51,25 @@ struct PipelineResult {
 
 /// The schedule a problem runs: Interleaved when vpp > 1, else OneFOneB.
 inline Schedule schedule_of(const PipelineProblem& p) { return p.vpp > 1 ? Schedule::Interleaved : Schedule::OneFOneB; }
+
+/// A step in flat arrays, for searches that score many candidate plans: rank r runs the groups
+/// rank_groups[rank_off[r] .. rank_off[r + 1]) in that order; group g spans group_size[g] ranks (each listing it once)
+/// and takes group_forward[g] / group_backward[g] per stage-chunk. No memory, no gradient sync.
+struct FlatProblem {
+  int num_ranks = 0;
+  int pp = 1;
+  int vpp = 1;
+  std::vector<std::int32_t> rank_off;     // num_ranks + 1 offsets into rank_groups
+  std::vector<std::int32_t> rank_groups;  // per rank, its group ids in run order
+  std::vector<std::int32_t> group_size;   // per group: how many ranks list it
+  std::vector<double> group_forward;      // per group: forward time of one stage-chunk
+  std::vector<double> group_backward;     // per group: backward time of one stage-chunk
+};
+
+/// simulate(p).step_time for a flat problem (the same op orders and longest path, without the per-rank statistics or
+/// per-group allocations). Throws InvalidArgument for inconsistent arrays (a group listed by more or fewer ranks than
+/// its size, unknown ids, bad times, a count not a multiple of pp under vpp > 1) and Error on a dependency cycle.
+double step_time(const FlatProblem& p);
 
 /// Simulates one step in O(total ops) time and memory. Throws InvalidArgument for bad inputs (inconsistent
 /// group/rank lists, unknown group ids, negative or non-finite times, vpp > 1 with a rank whose microbatch count is

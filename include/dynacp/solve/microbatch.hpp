@@ -49,6 +49,9 @@ double one_f_one_b_makespan(std::span<const double> times, int pp, double backwa
 /// max(a + 2 b / (3 pp), a / (3 pp) + b, ((pp + 2) a + (2 pp + 1) b) / (3 pp)). Throws on pp < 1 or a negative or
 /// non-finite time. backward_ratio as for one_f_one_b_makespan (the lower bound uses the default, 2).
 double one_f_one_b_chain_floor(std::span<const double> times, int pp, double backward_ratio = 2.0);
+/// The same with a caller's buffer for the per-stage times (no allocation once it has grown to 2 pp entries).
+double one_f_one_b_chain_floor(std::span<const double> times, int pp, double backward_ratio,
+                               std::vector<double>& scratch);
 
 /// The most other work a pipeline of pp stages can run within S beside "giant" microbatches of times t (in this run
 /// order), by one_f_one_b_chain_floor: the other work goes anywhere around them, as microbatches of its own (x_0

@@ -34,6 +34,10 @@ class TimelineBuilder {
   std::vector<double> free_;
 };
 
+/// Groups in run order laid out in slots: each group's slot is 1 + the latest slot any of its ranks used before it
+/// (what TimelineBuilder::to_plan does with the groups it was given).
+Plan lay_out_groups(std::vector<Group> groups);
+
 /// Scores a plan with options.score, or the group-timeline step time when that is empty.
 double score(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
              const PlanOptions& options);

@@ -10,18 +10,28 @@
 
 namespace dynacp::solve::dyn {
 
-NodePicker::NodePicker(int P, int rpn)
-    : rpn_(rpn), nodes_(P / rpn), sorted_(static_cast<std::size_t>(P / rpn)), kth_(static_cast<std::size_t>(rpn)) {
+NodePicker::NodePicker(int P, int rpn) : rpn_(rpn), nodes_(P / rpn), sorted_(static_cast<std::size_t>(P / rpn)) {
+  if (nodes_ > kScanNodes) kth_.resize(static_cast<std::size_t>(rpn));
   for (int n = 0; n < nodes_; ++n) {
     for (int j = 0; j < rpn; ++j) sorted_[static_cast<std::size_t>(n)].push_back({0.0, n * rpn + j});
-    for (int k = 0; k < rpn; ++k) kth_[static_cast<std::size_t>(k)].insert({0.0, n});
+    for (auto& k : kth_) k.insert({0.0, n});
   }
+}
+
+int NodePicker::earliest(int d) const {
+  if (!kth_.empty()) return kth_[static_cast<std::size_t>(d - 1)].begin()->second;
+  int best = 0;  // the least (d-th free time, node), as the sets order them
+  for (int n = 1; n < nodes_; ++n)
+    if (sorted_[static_cast<std::size_t>(n)][static_cast<std::size_t>(d - 1)].first <
+        sorted_[static_cast<std::size_t>(best)][static_cast<std::size_t>(d - 1)].first)
+      best = n;
+  return best;
 }
 
 std::vector<int> NodePicker::pick(int d, const std::vector<double>& free) const {
   std::vector<int> out;
   if (d <= rpn_) {
-    const int node = kth_[static_cast<std::size_t>(d - 1)].begin()->second;
+    const int node = earliest(d);
     for (int j = 0; j < d; ++j)
       out.push_back(sorted_[static_cast<std::size_t>(node)][static_cast<std::size_t>(j)].second);
   } else {
@@ -51,10 +61,10 @@ std::vector<int> NodePicker::pick(int d, const std::vector<double>& free) const 
 
 void NodePicker::update(int node, const std::vector<double>& free) {
   auto& s = sorted_[static_cast<std::size_t>(node)];
-  for (int k = 0; k < rpn_; ++k) kth_[static_cast<std::size_t>(k)].erase({s[static_cast<std::size_t>(k)].first, node});
+  for (std::size_t k = 0; k < kth_.size(); ++k) kth_[k].erase({s[k].first, node});
   for (auto& [t, r] : s) t = free[static_cast<std::size_t>(r)];
   std::sort(s.begin(), s.end());
-  for (int k = 0; k < rpn_; ++k) kth_[static_cast<std::size_t>(k)].insert({s[static_cast<std::size_t>(k)].first, node});
+  for (std::size_t k = 0; k < kth_.size(); ++k) kth_[k].insert({s[k].first, node});
 }
 
 std::vector<std::size_t> rise_then_fall(const std::vector<double>& w, int pp) {

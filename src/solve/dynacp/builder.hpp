@@ -39,8 +39,9 @@ struct Ring {
   int at = -1;  // first of its d consecutive ranks when fixed (shelves), else -1: the picker chooses
 };
 
-/// Finds the d ranks that free up earliest, inside one node when d fits a node (else a window of whole nodes),
-/// in O(rpn log nodes) per update: for each k, a set of (k-th smallest free time of a node, node).
+/// Finds the d ranks that free up earliest, inside one node when d fits a node (else a window of whole nodes).
+/// Pools of more than kScanNodes nodes keep, for each k, a set of (k-th smallest free time of a node, node):
+/// O(rpn log nodes) per update; smaller ones scan the nodes (O(nodes) per pick, faster there). Same picks.
 class NodePicker {
  public:
   NodePicker(int P, int rpn);
@@ -48,6 +49,8 @@ class NodePicker {
   void update(int node, const std::vector<double>& free);
 
  private:
+  static constexpr int kScanNodes = 32;  // a speed crossover, not a tuning knob: picks do not depend on it
+  int earliest(int d) const;             // the node whose d-th earliest free rank frees first (ties: lower id)
   int rpn_, nodes_;
   std::vector<std::vector<std::pair<double, int>>> sorted_;
   std::vector<std::set<std::pair<double, int>>> kth_;

@@ -369,7 +369,7 @@ struct PipelinedBuild {
         if (slot.first < 0 && k < seq.size()) slot = {0, seq[k++]};
       while (k < seq.size()) l.push_back({0, seq[k++]});
     }
-    TimelineBuilder tl(b.batch_, b.cluster_, b.cost_);
+    std::vector<Group> groups;  // in run order, laid out in slots at the end (no pricing needed)
     std::size_t longest = 0;
     for (const auto& l : lists) longest = std::max(longest, l.size());
     for (std::size_t at = 0; at < longest; ++at)
@@ -377,12 +377,15 @@ struct PipelinedBuild {
         const auto& l = lists[static_cast<std::size_t>(r)];
         if (at >= l.size()) continue;
         const auto [kind, index] = l[at];
-        if (kind == 0 || kind == 2)
-          tl.add({r}, b.ids_of((kind == 0 ? bins : pre)[static_cast<std::size_t>(r)][index]));
-        else if (kind == 1 && ring_groups[index].ranks.front() == r)
-          tl.add(ring_groups[index].ranks, {ring_groups[index].id});
+        if (kind == 0 || kind == 2) {
+          std::vector<std::int64_t> ids = b.ids_of((kind == 0 ? bins : pre)[static_cast<std::size_t>(r)][index]);
+          std::sort(ids.begin(), ids.end());
+          groups.push_back({{r}, std::move(ids)});
+        } else if (kind == 1 && ring_groups[index].ranks.front() == r) {
+          groups.push_back({ring_groups[index].ranks, {ring_groups[index].id}});
+        }
       }
-    return tl.to_plan();
+    return lay_out_groups(std::move(groups));
   }
 };
 

@@ -29,9 +29,15 @@ struct ShelfSearch {
   };
   const Builder& b;
   int pp, P, stride;
+  std::size_t keep;
   std::vector<std::size_t> giants;
   std::vector<std::vector<double>> T;  // T(giant, d) for d = 0..P (infinite below its least degree)
-  std::vector<std::pair<double, std::vector<Ring>>> found;
+  // The best `keep` distinct layouts so far, by score and then by when they were found (what a stable sort of every
+  // layout, repeats skipped, would keep); a layout that cannot enter them is dropped as soon as its score shows it.
+  std::vector<std::pair<double, std::vector<Ring>>> top;
+  std::vector<Ring> layout;  // scratch
+  std::vector<int> cuts;
+  std::vector<double> chain, stages;
 
   int least(std::size_t g) const { return b.seqs_[giants[g]].dmin; }
 
@@ -58,21 +64,41 @@ struct ShelfSearch {
     return !out.rings.empty();
   }
 
-  // A layout's score: ranks between consecutive ring edges run the same rings, so one rank of each such run.
-  double score(const std::vector<Ring>& rings) const {
-    std::vector<int> cuts{0, P};
+  // A layout's score: ranks between consecutive ring edges run the same rings, so one rank of each such run. Stops
+  // (returning a value above `cutoff`) as soon as one run exceeds `cutoff`.
+  double score(const std::vector<Ring>& rings, double cutoff) {
+    cuts.assign({0, P});
     for (const auto& r : rings) cuts.push_back(r.at), cuts.push_back(r.at + r.d);
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
     double worst = 0.0;
-    std::vector<double> chain;
-    for (std::size_t j = 0; j + 1 < cuts.size(); ++j) {
+    for (std::size_t j = 0; j + 1 < cuts.size() && worst <= cutoff; ++j) {
       chain.clear();
       for (const auto& r : rings)
         if (r.at <= cuts[j] && cuts[j] < r.at + r.d) chain.push_back(r.t);
-      if (!chain.empty()) worst = std::max(worst, one_f_one_b_chain_floor(chain, pp, b.cost().backward_ratio));
+      if (!chain.empty()) worst = std::max(worst, one_f_one_b_chain_floor(chain, pp, b.cost().backward_ratio, stages));
     }
     return worst;
+  }
+
+  static bool same(const std::vector<Ring>& x, const std::vector<Ring>& y) {
+    return std::equal(x.begin(), x.end(), y.begin(), y.end(),
+                      [](const Ring& u, const Ring& v) { return u.seq == v.seq && u.d == v.d && u.at == v.at; });
+  }
+
+  // Offers a layout to `top`: kept when it beats the worst kept (ties go to the earlier) and repeats none of them.
+  void offer(const std::vector<Ring>& rings) {
+    if (keep == 0) return;
+    const bool full = top.size() == keep;
+    const double cutoff = full ? top.back().first : std::numeric_limits<double>::infinity();
+    const double t = score(rings, cutoff);
+    if (full && !(t < cutoff)) return;
+    auto at = std::upper_bound(top.begin(), top.end(), t, [](double v, const auto& e) { return v < e.first; });
+    // a repeat has the same score, so it sits among the equal scores just before `at`
+    for (auto it = at; it != top.begin() && std::prev(it)->first == t; --it)
+      if (same(std::prev(it)->second, rings)) return;
+    top.insert(at, {t, rings});
+    if (top.size() > keep) top.pop_back();
   }
 
   // Every order of `shelves` (up to shelf_orders; more: rise then fall of their times) on the ranks [offset,
@@ -88,15 +114,15 @@ struct ShelfSearch {
     }
     do {
       for (bool alternate : {false, true}) {
-        std::vector<Ring> rings = before;
+        layout.assign(before.begin(), before.end());
         for (std::size_t k = 0; k < order.size(); ++k) {
           const Shelf& sh = shelves[order[k]];
           int at = offset, used = 0;
           for (const auto& [g, d] : sh.rings) used += d;
           if (alternate && k % 2 == 1) at = offset + width - used;
-          for (const auto& [g, d] : sh.rings) rings.push_back({giants[g], d, T[g][d], at}), at += d;
+          for (const auto& [g, d] : sh.rings) layout.push_back({giants[g], d, T[g][d], at}), at += d;
         }
-        found.push_back({score(rings), std::move(rings)});
+        offer(layout);
       }
     } while (all_orders && std::next_permutation(order.begin(), order.end()));
   }
@@ -116,24 +142,16 @@ struct ShelfSearch {
     }
   }
 
-  std::vector<std::vector<Ring>> best(std::size_t keep) {
-    std::stable_sort(found.begin(), found.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::vector<std::vector<Ring>> best() {
     std::vector<std::vector<Ring>> out;
-    for (auto& [worst, rings] : found) {
-      if (out.size() == keep) break;
-      const bool repeat = std::any_of(out.begin(), out.end(), [&](const std::vector<Ring>& o) {
-        return std::equal(o.begin(), o.end(), rings.begin(), rings.end(),
-                          [](const Ring& x, const Ring& y) { return x.seq == y.seq && x.d == y.d && x.at == y.at; });
-      });
-      if (!repeat) out.push_back(std::move(rings));
-    }
+    for (auto& [worst, rings] : top) out.push_back(std::move(rings));
     return out;
   }
 };
 
 std::vector<std::vector<Ring>> Builder::pipelined_shelves(int pp, std::size_t keep, std::size_t drop) const {
   const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
-  ShelfSearch s{*this, pp, P, std::max(1, P / tuning_.shelf_stride_ranks), {}, {}, {}};
+  ShelfSearch s{*this, pp, P, std::max(1, P / tuning_.shelf_stride_ranks), keep, {}, {}, {}, {}, {}, {}, {}};
   for (std::size_t i : order_)
     if (seqs_[i].dmin > rpn) s.giants.push_back(i);
   if (s.giants.size() > static_cast<std::size_t>(tuning_.shelf_giants)) return {};  // the plain builds place them
@@ -153,7 +171,7 @@ std::vector<std::vector<Ring>> Builder::pipelined_shelves(int pp, std::size_t ke
   for (std::size_t g : rest) widest = std::max(widest, s.least(g));
   for (int w = s.least(0); P - w >= widest; w += s.stride)
     s.shelve(rest, w, P - w, {Ring{s.giants[0], w, s.T[0][w], 0}});
-  return s.best(keep);
+  return s.best();
 }
 
 }  // namespace dynacp::solve::dyn
