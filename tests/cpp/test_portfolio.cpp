@@ -185,3 +185,41 @@ TEST(Portfolio, AnotherForwardBackwardSplitMovesTheSimulatorAndKeepsTheBound) {
   EXPECT_NEAR(cost.forward_time(T, 2), T / 4, 1e-15);
   EXPECT_NEAR(predict(one, b, c, cost, o).step_time, T, 1e-12);
 }
+
+// Part 8: with the inter-node link the faster one, the cross-node family plans on one rank per node and relabels, so
+// its rings cross nodes; it is bit-identical for every thread count, and on the usual clusters (inter-node slower)
+// it does not run.
+TEST(Portfolio, CrossNodeRingsWhenTheInterNodeLinkIsFaster) {
+  std::mt19937_64 rng(17);
+  CostModel cost;
+  int cross_wins = 0;
+  for (int trial = 0; trial < 8; ++trial) {
+    Cluster c = make_cluster(16, 4, 4096, cost);
+    c.intra_node_bandwidth = 5e9, c.inter_node_bandwidth = 20e9;
+    const Batch b = long_tailed(rng, 20 + static_cast<int>(rng() % 40), 4096 * 8);
+    const int pp = trial % 2 == 0 ? 1 : 2;
+    std::uint64_t first = 0;
+    for (int threads : {1, 3}) {
+      const Plan p = plan(b, c, cost, dynacp_options(pp, 1, threads));
+      if (threads == 1) first = p.digest();
+      EXPECT_EQ(p.digest(), first) << "trial " << trial;
+      if (p.family != "cross-node") continue;
+      ++cross_wins;
+      for (const auto& slot : p.microbatches)
+        for (const auto& g : slot)
+          if (g.degree() >= 2) EXPECT_TRUE(c.crosses_nodes(g.ranks)) << "trial " << trial;
+    }
+    // the family's plan is never worse than the search without it
+    PlanOptions without = dynacp_options(pp, 1, 1);
+    without.tuning.skip_families = {"cross-node"};
+    EXPECT_LE(plan(b, c, cost, dynacp_options(pp, 1, 1)).predicted.step_time,
+              plan(b, c, cost, without).predicted.step_time * (1 + 1e-12));
+  }
+  EXPECT_GT(cross_wins, 0);
+  // inter-node slower (the defaults): the family does not apply, so skipping it changes nothing
+  const Cluster usual = make_cluster(16, 4, 4096, cost);
+  const Batch b = long_tailed(rng, 60, 4096 * 8);
+  PlanOptions without = dynacp_options(2, 1, 1);
+  without.tuning.skip_families = {"cross-node"};
+  EXPECT_EQ(plan(b, usual, cost, dynacp_options(2, 1, 1)).digest(), plan(b, usual, cost, without).digest());
+}

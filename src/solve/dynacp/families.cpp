@@ -3,6 +3,7 @@
 // for the slot-order polish, the others hand their plans straight to the final choice. Families run in registry
 // order, so a family may read what earlier ones recorded (the plain trials, the extra-target trials, the best tau).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -10,6 +11,7 @@
 
 #include "dynacp/model/error.hpp"
 #include "dynacp/solve/microbatch.hpp"
+#include "dynacp/solve/timeline.hpp"
 #include "dynacp/solve/units.hpp"
 #include "search.hpp"
 
@@ -22,6 +24,13 @@ bool always(const SearchContext&) { return true; }
 bool pipelined(const SearchContext& c) { return c.options.pp > 1; }
 bool interleaved(const SearchContext& c) { return c.options.pp > 1 && c.lb_alt > 0; }
 bool shelved(const SearchContext& c) { return c.options.pp > 1 && c.options.vpp <= 1 && !c.trials.empty(); }
+// A ring across nodes can be the faster one only when the inter-node link beats the intra-node one in bandwidth or
+// latency; relabelling needs several nodes of several ranks.
+bool crossing_helps(const SearchContext& c) {
+  const Cluster& k = c.cluster;
+  return k.ranks_per_node > 1 && k.num_nodes() > 1 &&
+         (k.inter_node_bandwidth > k.intra_node_bandwidth || k.inter_node_latency < k.intra_node_latency);
+}
 
 // ---- pp = 1 families (they run at every pp: their plans are candidates for pipelines too) ----
 
@@ -357,6 +366,34 @@ void anchors(SearchContext& c) {
   }
 }
 
+// Cross-node rings: the whole search again on a pool of one rank per node (every ring of two or more ranks priced
+// on the inter-node link), its plans relabelled so that logical rank i runs on physical rank
+// (i mod nodes) x ranks_per_node + i / nodes: consecutive logical ranks sit on different nodes, so each ring crosses
+// nodes as it was priced. The inner search scores its candidates relabelled, on the real pool (a ring that still
+// lands in one node is priced as such).
+Plan relabel_across_nodes(Plan p, const Cluster& cluster) {
+  const int nodes = cluster.num_nodes(), rpn = cluster.ranks_per_node;
+  for (auto& slot : p.microbatches)
+    for (Group& g : slot) {
+      for (int& r : g.ranks) r = (r % nodes) * rpn + r / nodes;
+      std::sort(g.ranks.begin(), g.ranks.end());
+    }
+  return p;
+}
+
+void cross_node(SearchContext& c) {
+  const auto left = c.run.deadline() - std::chrono::steady_clock::now();
+  if (c.run.deadline() != std::chrono::steady_clock::time_point::max() && left <= left.zero()) return;
+  PlanOptions o = c.options;
+  if (o.time_limit_s > 0) o.time_limit_s = std::chrono::duration<double>(left).count();
+  o.score = [&c](const Plan& p) {
+    return score(relabel_across_nodes(p, c.cluster), c.batch, c.cluster, c.cost, c.options);
+  };
+  Cluster flat = c.cluster;
+  flat.ranks_per_node = 1;
+  c.direct.push_back({relabel_across_nodes(dynacp(c.batch, flat, c.cost, o), c.cluster), family_index("cross-node")});
+}
+
 }  // namespace
 
 const std::vector<CandidateFamily>& families() {
@@ -384,6 +421,8 @@ const std::vector<CandidateFamily>& families() {
        &shelf_drops},
       {"units", "rings of one width per node-aligned unit, packed towards the best split", 0, &pipelined, &units},
       {"anchors", "the other strategies' plans (packing, fcp, megatron, bytescale)", 0, &always, &anchors},
+      {"cross-node", "the whole search on one rank per node, relabelled so rings cross nodes (faster inter-node link)",
+       0, &crossing_helps, &cross_node},
   };
   return registry;
 }
