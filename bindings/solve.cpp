@@ -168,6 +168,8 @@ void bind_solve(py::module_& m) {
       .add("break_high", &DynacpTuning::break_high, "breakpoints: highest fraction of the whole bound")
       .add("break_mus", &DynacpTuning::break_mus, "breakpoints: the best extra-target mus tried")
       .add("coarse_rules", &DynacpTuning::coarse_rules, "plain walk: rules over the whole mu grid (0 = all)")
+      .add("coarse_min_ranks", &DynacpTuning::coarse_min_ranks,
+           "the coarse plain walk only on pools of this many ranks")
       .add("break_points", &DynacpTuning::break_points, "breakpoints: at most this many, nearest the bound (0 = all)")
       .add("mu_refine", &DynacpTuning::mu_refine, "mu refinement exponents of the grid step")
       .add("variant_trials", &DynacpTuning::variant_trials, "best plain builds that get variants")

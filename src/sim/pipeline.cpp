@@ -350,6 +350,7 @@ struct Dag {
     for (Node n = 0; n < N; ++n)
       if (indeg[n] == 0) queue.push_back(n);
     makespan = 0.0;
+    const auto len32 = static_cast<std::uint32_t>(L.len);
     for (std::size_t head = 0; head < queue.size(); ++head) {
       const Node u = queue[head];
       const double end = start[u] + dur[u];
@@ -358,7 +359,7 @@ struct Dag {
         start[v] = std::max(start[v], end);
         if (--indeg[v] == 0) queue.push_back(v);
       };
-      if ((static_cast<std::int64_t>(u) + 1) % L.len != 0) relax(u + 1);  // data successor
+      if ((static_cast<std::uint32_t>(u) + 1) % len32 != 0) relax(u + 1);  // data successor (32-bit: N < 2^31)
       for (std::size_t e = succ_off[u]; e < succ_off[u + 1] && succ[e] != kNone; ++e) relax(succ[e]);
     }
     return static_cast<Node>(queue.size()) == N;

@@ -220,6 +220,11 @@ double ChainRoom::exact(std::span<const double> t, double S, bool* optimal) cons
 }
 
 double one_f_one_b_makespan(std::span<const double> times, int pp, double backward_ratio) {
+  OneFOneBScratch scratch;
+  return one_f_one_b_makespan(times, pp, backward_ratio, scratch);
+}
+
+double one_f_one_b_makespan(std::span<const double> times, int pp, double backward_ratio, OneFOneBScratch& scratch) {
   check_list("one_f_one_b_makespan", times, pp);
   const int m = static_cast<int>(times.size());
   if (m == 0) return 0.0;
@@ -228,9 +233,10 @@ double one_f_one_b_makespan(std::span<const double> times, int pp, double backwa
   // stage k - 1, the backward on stage k + 1; the last stage's backward follows its own forward). Stages are
   // advanced in turn until every op has run; each pass runs at least one op, as the schedule has no deadlock.
   const auto M = static_cast<std::size_t>(m);
-  std::vector<double> fwd(static_cast<std::size_t>(pp) * M, -1.0), bwd(fwd.size(), -1.0);
-  std::vector<int> done(static_cast<std::size_t>(pp), 0);
-  std::vector<double> clock(static_cast<std::size_t>(pp), 0.0);
+  auto& [fwd, bwd, clock, done] = scratch;
+  fwd.assign(static_cast<std::size_t>(pp) * M, -1.0), bwd.assign(fwd.size(), -1.0);
+  done.assign(static_cast<std::size_t>(pp), 0);
+  clock.assign(static_cast<std::size_t>(pp), 0.0);
   auto op_of = [&](int k, int a) {  // (is_backward, microbatch) of stage k's a-th op
     const int w = std::min(pp - k - 1, m);
     if (a < w) return std::pair<bool, int>{false, a};

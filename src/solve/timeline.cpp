@@ -111,10 +111,12 @@ Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& clust
       for (int r : groups[i].ranks) out[static_cast<std::size_t>(r)].push_back(i);
     return out;
   };
+  std::vector<double> x;  // list_time's buffers
+  OneFOneBScratch scratch;
   auto list_time = [&](const std::vector<std::size_t>& list) {
-    std::vector<double> x;
+    x.clear();
     for (std::size_t i : list) x.push_back(time[i]);
-    return one_f_one_b_makespan(x, options.pp, cost.backward_ratio);
+    return one_f_one_b_makespan(x, options.pp, cost.backward_ratio, scratch);
   };
   std::vector<std::size_t> order(groups.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
@@ -200,10 +202,12 @@ Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cl
   std::vector<std::vector<std::size_t>> lists(P);
   for (std::size_t i = 0; i < groups.size(); ++i)
     for (int r : groups[i].ranks) lists[static_cast<std::size_t>(r)].push_back(i);
+  std::vector<double> x;  // list_time's buffers
+  OneFOneBScratch scratch;
   auto list_time = [&](const std::vector<std::size_t>& list, const std::vector<std::size_t>& perm) {
-    std::vector<double> x;
+    x.clear();
     for (std::size_t k : perm) x.push_back(time[list[k]]);
-    return one_f_one_b_makespan(x, options.pp, cost.backward_ratio);
+    return one_f_one_b_makespan(x, options.pp, cost.backward_ratio, scratch);
   };
   // classes: (length, the rings of degree >= 3 by place) -> ranks, in rank order
   std::map<std::vector<std::ptrdiff_t>, std::vector<std::size_t>> by_key;
@@ -269,21 +273,24 @@ Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cl
     std::iota(perm.begin(), perm.end(), std::size_t{0});
     cands[ci].push_back(perm);
     if (n < 2) continue;
-    auto worst = [&](const std::vector<std::size_t>& q) {
+    // the class's slowest list under q; stops once it reaches `cutoff` (the caller then drops q)
+    auto worst = [&](const std::vector<std::size_t>& q, double cutoff) {
       double w = 0.0;
-      for (std::size_t r : reps) w = std::max(w, list_time(lists[r], q));
+      for (std::size_t k = 0; k < reps.size() && w < cutoff; ++k) w = std::max(w, list_time(lists[reps[k]], q));
       return w;
     };
-    const double start = worst(perm);
-    std::vector<std::pair<double, std::vector<std::size_t>>> kept;  // the best kKeep below start, by (time, perm)
-    auto offer = [&](double w, const std::vector<std::size_t>& q) {
-      if (w >= start - 1e-12) return;
-      kept.emplace_back(w, q);
-      std::stable_sort(kept.begin(), kept.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    const double start = worst(perm, std::numeric_limits<double>::infinity());
+    std::vector<std::pair<double, std::vector<std::size_t>>> kept;   // the best kKeep below start, by (time, perm)
+    auto offer = [&](double w, const std::vector<std::size_t>& q) {  // after the equal ones: a stable order
+      if (w >= start - 1e-12 || (kept.size() == kKeep && w >= kept.back().first)) return;
+      const auto at =
+          std::upper_bound(kept.begin(), kept.end(), w, [](double v, const auto& e) { return v < e.first; });
+      kept.insert(at, {w, q});
       if (kept.size() > kKeep) kept.pop_back();
     };
+    auto bar = [&] { return kept.size() == kKeep ? std::min(kept.back().first, start - 1e-12) : start - 1e-12; };
     if (n <= 7) {
-      while (std::next_permutation(perm.begin(), perm.end())) offer(worst(perm), perm);
+      while (std::next_permutation(perm.begin(), perm.end())) offer(worst(perm, bar()), perm);
     } else {
       std::vector<std::size_t> base = perm;
       double best = start;
@@ -298,7 +305,8 @@ Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cl
             trial.erase(trial.begin() + static_cast<std::ptrdiff_t>(a));
             trial.insert(trial.begin() + static_cast<std::ptrdiff_t>(b), x);
             ++spent;
-            if (const double w = worst(trial); w < best - 1e-12) best = w, base = std::move(trial), better = true;
+            if (const double w = worst(trial, best - 1e-12); w < best - 1e-12)
+              best = w, base = std::move(trial), better = true;
           }
       }
       offer(best, base);

@@ -72,6 +72,13 @@ class Units {
     return t;
   }
 
+  /// group_stats of `ids` from each sequence's own stats (the same sums, in the same order).
+  GroupStats stats_of_ids(const std::vector<std::int64_t>& ids) const {
+    GroupStats g;
+    for (std::int64_t id : ids) g.merge(one_[static_cast<std::size_t>(id)]);
+    return g;
+  }
+
   /// Packs each unit's sequences, picks counts, balances (variable counts) and emits the plan; empty when some unit
   /// cannot hold its sequences or (equal counts) no count suits every unit.
   Plan run(const std::vector<Unit>& units, std::vector<std::vector<std::int64_t>> ids);
@@ -106,6 +113,7 @@ class Units {
   int m_max_;
   std::map<int, std::vector<double>> alone_;
   std::vector<GroupStats> one_;  // each sequence's stats alone
+  OneFOneBScratch scratch_;
 };
 
 // One unit's sequences (heaviest first) into m microbatches: each, in turn, into the microbatch with the most time
@@ -122,21 +130,32 @@ Packed Units::pack(const std::vector<std::int64_t>& ids, int width, int m) {
   std::vector<std::int64_t> used(M, 0);  // padded rows per rank
   std::vector<double> time(M, 0.0);
   std::vector<std::vector<std::int64_t>> bins(M);
+  // Adding a sequence of s tokens raises a group's time by at least its linear work linear_coef s / width (every
+  // other term only grows, and the overlap hides at most the added attention), so a microbatch whose room less that
+  // cannot beat the best so far is skipped (with a margin far above rounding): the same choices, fewer pricings.
+  std::vector<double> room(M);
+  for (std::size_t j = 0; j < M; ++j) room[j] = profile[j] * S / m;
   for (std::int64_t id : ids) {
     const auto i = static_cast<std::size_t>(id);
+    const std::int64_t need = rows(i, width);
+    const double rise = cost_.linear_coef * static_cast<double>(batch_.lengths[i]) / width;
     std::size_t best = M;
     double best_left = 0.0, best_time = 0.0;
     for (std::size_t j = 0; j < M; ++j) {
-      if (used[j] + rows(i, width) > cap) continue;
+      if (used[j] + need > cap) continue;
+      if (best < M) {
+        const double bound = room[j] - time[j] - rise;
+        if (bound + 1e-9 * (std::abs(bound) + std::abs(room[j]) + 1.0) <= best_left) continue;
+      }
       GroupStats g = stats[j];
       g.merge(one_[i]);
       const double t = this->time(g, width);
-      const double left = profile[j] * S / m - t;
+      const double left = room[j] - t;
       if (best == M || left > best_left) best = j, best_left = left, best_time = t;
     }
     if (best == M) return {};
     stats[best].merge(one_[i]);
-    used[best] += rows(i, width);
+    used[best] += need;
     time[best] = best_time;
     bins[best].push_back(id);
   }
@@ -148,7 +167,7 @@ Packed Units::pack(const std::vector<std::int64_t>& ids, int width, int m) {
       times.push_back(split(std::move(bins[j]), 0, width, out.microbatches.back()));
     }
   if (static_cast<int>(times.size()) % step_ != 0) return {};  // an emptied microbatch breaks the multiple
-  out.makespan = one_f_one_b_makespan(times, pp_, cost_.backward_ratio);
+  out.makespan = one_f_one_b_makespan(times, pp_, cost_.backward_ratio, scratch_);
   return out;
 }
 
@@ -290,13 +309,13 @@ double Units::split(std::vector<std::int64_t> ids, int start, int width, std::ve
       g[k].merge(one_[i]), t[k] = after[k], part[k].push_back(id);
       used[k] += rows(i, half);
     }
-    if (ok && !part[1].empty() && std::max(t[0], t[1]) < time(group_stats(batch_, cost_, ids), width) - 1e-12) {
+    if (ok && !part[1].empty() && std::max(t[0], t[1]) < time(stats_of_ids(ids), width) - 1e-12) {
       const double a = split(std::move(part[0]), start, half, out);
       return std::max(a, split(std::move(part[1]), start + half, half, out));
     }
   }
   std::sort(ids.begin(), ids.end());
-  const double t = time(group_stats(batch_, cost_, ids), width);
+  const double t = time(stats_of_ids(ids), width);
   std::vector<int> ranks(static_cast<std::size_t>(width));
   std::iota(ranks.begin(), ranks.end(), start);
   out.push_back({std::move(ranks), std::move(ids)});

@@ -48,11 +48,15 @@ struct DynacpTuning {
   std::vector<double> ring_targets = {1.0, 1.05, 1.12, 1.25};
   /// The extra-target and tiled walks run at the mus of the best `walk_mus` plain grid points only (0 = the whole
   /// grid): the winners cluster around the best plain mu.
-  int walk_mus = 2;
+  int walk_mus = 3;
   /// Coarse to fine: the plain walk tries only the first `coarse_rules` degree rules (ring_targets, each relative and
   /// in seconds, in that order) over the whole mu grid and the others at the best walk_mus points (0 = all rules
-  /// everywhere).
-  int coarse_rules = 0;
+  /// everywhere). 2 (with walk_mus 3) cut the pp = 4 search by a fifth at +0.07 % mean step time on bench.py's
+  /// batches (docs/benchmarks.md, issue 26).
+  int coarse_rules = 2;
+  /// ... on pools of at least this many ranks: smaller pools build fast and lose more (up to 7 % on small random
+  /// instances), so they walk every rule.
+  int coarse_min_ranks = 32;
   /// Extra targets, fractions of the whole bound, used when it exceeds the microbatch scale by extra_threshold.
   double extra_threshold = 1.02;
   std::vector<double> extra_targets = {0.95, 1.05, 1.2};
@@ -84,8 +88,9 @@ struct DynacpTuning {
   std::vector<int> shelf_drops = {0, 2};
   /// Degrees and column widths of shelf layouts step by num_ranks / shelf_stride_ranks (at least 1).
   int shelf_stride_ranks = 64;
-  /// Units: the most giants on blocks of their own (plain 1F1B only).
-  int unit_giants = 3;
+  /// Units: the most giants on blocks of their own (plain 1F1B only). 3 gave no faster plan on bench.py's batches
+  /// and cost about a tenth of the pp = 4 search (docs/benchmarks.md, issue 26).
+  int unit_giants = 2;
   /// Slot-order polish: the most simulations per plan, and which pooled plans get it: those within this factor of
   /// the best pooled plan's score (the others rarely overtake it).
   int reorder_budget = 96;

@@ -40,6 +40,13 @@ std::vector<double> one_f_one_b_profile(int m, int pp);
 /// and 2t/(3 pp)). No CP-group synchronisation: exact for ranks that share no group with other pipelines. Throws on
 /// pp < 1 or a negative or non-finite time.
 double one_f_one_b_makespan(std::span<const double> times, int pp, double backward_ratio = 2.0);
+/// Buffers one_f_one_b_makespan reuses across calls (per-stage op ends and clocks).
+struct OneFOneBScratch {
+  std::vector<double> fwd, bwd, clock;
+  std::vector<int> done;
+};
+/// The same with a caller's buffers (no allocation once they have grown).
+double one_f_one_b_makespan(std::span<const double> times, int pp, double backward_ratio, OneFOneBScratch& scratch);
 
 /// A floor on the makespan of any 1F1B pipeline of pp stages that runs microbatches of these times in this order,
 /// whatever other microbatches it runs before, between or after them: the longest chain through their ops along

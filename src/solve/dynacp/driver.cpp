@@ -41,7 +41,7 @@ void DynacpTuning::validate() const {
   at_least("search_items", search_items, 0), at_least("knee_max_multiple", knee_max_multiple, 1);
   at_least("slot_tau_grid", slot_tau_grid, 1), at_least("mu_grid", mu_grid, 2), at_least("break_mus", break_mus, 0);
   at_least("walk_mus", walk_mus, 0), at_least("break_points", break_points, 0);
-  at_least("coarse_rules", coarse_rules, 0);
+  at_least("coarse_rules", coarse_rules, 0), at_least("coarse_min_ranks", coarse_min_ranks, 0);
   at_least("variant_trials", variant_trials, 0), at_least("shelf_giants", shelf_giants, 0);
   at_least("shelf_orders", shelf_orders, 0), at_least("shelf_layouts", shelf_layouts, 0);
   at_least("shelf_stride_ranks", shelf_stride_ranks, 1), at_least("unit_giants", unit_giants, 0);
@@ -260,7 +260,13 @@ std::vector<Candidate> gather(SearchContext& c) {
     polish = std::move(kept);
   }
   std::vector<Plan> polished(polish.size());
-  c.run.for_each(polish.size(), [&](std::size_t i) {
+  std::vector<std::size_t> longest_first(polish.size());  // the plans with the most slots (the longest polish) first
+  std::iota(longest_first.begin(), longest_first.end(), std::size_t{0});
+  std::stable_sort(longest_first.begin(), longest_first.end(), [&](std::size_t x, std::size_t y) {
+    return std::get<2>(polish[x])->microbatches.size() > std::get<2>(polish[y])->microbatches.size();
+  });
+  c.run.for_each(polish.size(), [&](std::size_t k) {
+    const std::size_t i = longest_first[k];
     auto& [f, t, p] = polish[i];
     polished[i] = reorder_slots(std::move(*p), t, c.batch, c.cluster, c.cost, c.options, c.tune.reorder_budget);
   });

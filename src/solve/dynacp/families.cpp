@@ -171,7 +171,9 @@ std::vector<TargetRule> extra_rules(const SearchContext& c) {
 void plain(SearchContext& c) {
   const std::size_t me = family_index("plain");
   const auto rules = c.targets_at(c.lb_pp);
-  const auto coarse = std::min(rules.size(), static_cast<std::size_t>(c.tune.coarse_rules));
+  const auto coarse = c.cluster.num_ranks < c.tune.coarse_min_ranks
+                          ? std::size_t{0}
+                          : std::min(rules.size(), static_cast<std::size_t>(c.tune.coarse_rules));
   if (coarse == 0 || coarse == rules.size()) {
     walk(c, grid(c, c.lb_pp), {}, rules, {false}, me, true, false);
   } else {  // coarse to fine: the first rules over the whole grid, the others at the best grid points only
@@ -332,7 +334,8 @@ void units(SearchContext& c) {
   for (int w = 1; w <= c.cluster.ranks_per_node; ++w)
     for (int giants = 0; giants <= (c.options.vpp > 1 ? 0 : c.tune.unit_giants); ++giants) todo.push_back({w, giants});
   std::vector<Plan> out(todo.size());
-  c.run.for_each(todo.size(), [&](std::size_t i) {
+  c.run.for_each(todo.size(), [&](std::size_t k) {
+    const std::size_t i = todo.size() - 1 - k;  // the widest units (the longest builds) start first
     out[i] = profile_units(c.batch, c.cluster, c.cost, todo[i].first, c.options.pp,
                            c.options.count_policy == CountPolicy::Equal, todo[i].second, full, c.options.vpp);
   });
