@@ -91,9 +91,10 @@ struct DynacpTuning {
   /// Units: the most giants on blocks of their own (plain 1F1B only). 3 gave no faster plan on bench.py's batches
   /// and cost about a tenth of the pp = 4 search (docs/benchmarks.md, issue 26).
   int unit_giants = 2;
-  /// Slot-order polish: the most simulations per plan, and which pooled plans get it: those within this factor of
-  /// the best pooled plan's score (the others rarely overtake it).
-  int reorder_budget = 96;
+  /// Slot-order polish: the most simulations per plan (48: bench.py's pp = 1 and pp = 4 plans keep their step times
+  /// with 96; a few vpp = 2 and small pp > 1 plans lose up to 1.3 %), and which pooled plans get it: those within this
+  /// factor of the best pooled plan's score (the others rarely overtake it).
+  int reorder_budget = 48;
   double polish_within = 1.05;
   /// ... and at most this many of them, the best by score (ties: registry order); 0 = no cap.
   int polish_plans = 0;
