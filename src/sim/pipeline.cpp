@@ -244,21 +244,6 @@ void validate(const PipelineProblem& p) {
                   ". Give every rank of a group the same relative order of the groups it shares."));
 }
 
-// The validated flat form of a problem.
-FlatProblem flatten(const PipelineProblem& p) {
-  FlatProblem f;
-  f.num_ranks = p.num_ranks, f.pp = p.pp, f.vpp = p.vpp;
-  f.rank_off.reserve(static_cast<std::size_t>(p.num_ranks) + 1);
-  f.rank_off.push_back(0);
-  for (const auto& mbs : p.rank_microbatches) {
-    f.rank_groups.insert(f.rank_groups.end(), mbs.begin(), mbs.end());
-    f.rank_off.push_back(static_cast<std::int32_t>(f.rank_groups.size()));
-  }
-  for (const auto& ranks : p.group_ranks) f.group_size.push_back(static_cast<std::int32_t>(ranks.size()));
-  f.group_forward = p.group_forward, f.group_backward = p.group_backward;
-  return f;
-}
-
 // Consistency of a flat problem (simulate's validate covers the nested form): what the longest path relies on.
 void validate_flat(const FlatProblem& p) {
   if (p.num_ranks < 1 || p.pp < 1 || p.vpp < 1)
@@ -367,6 +352,20 @@ struct Dag {
 };
 
 }  // namespace
+
+FlatProblem flatten(const PipelineProblem& p) {
+  FlatProblem f;
+  f.num_ranks = p.num_ranks, f.pp = p.pp, f.vpp = p.vpp;
+  f.rank_off.reserve(static_cast<std::size_t>(p.num_ranks) + 1);
+  f.rank_off.push_back(0);
+  for (const auto& mbs : p.rank_microbatches) {
+    f.rank_groups.insert(f.rank_groups.end(), mbs.begin(), mbs.end());
+    f.rank_off.push_back(static_cast<std::int32_t>(f.rank_groups.size()));
+  }
+  for (const auto& ranks : p.group_ranks) f.group_size.push_back(static_cast<std::int32_t>(ranks.size()));
+  f.group_forward = p.group_forward, f.group_backward = p.group_backward;
+  return f;
+}
 
 double step_time(const FlatProblem& p) {
   validate_flat(p);

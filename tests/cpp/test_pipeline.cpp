@@ -595,31 +595,41 @@ TEST(Pipeline, BadInputs) {
   }
 }
 
+namespace {
+// A random problem of up to `max_ranks` ranks and `max_groups` groups (each on a random set of ranks, times in
+// 1/97 and 1/89 steps, memory when `memory`), its rank lists shuffled (often a cycle) when `shuffle`.
+PipelineProblem random_problem(std::mt19937_64& rng, int max_ranks, int max_groups, bool shuffle, bool memory) {
+  PipelineProblem p;
+  p.num_ranks = 1 + static_cast<int>(rng() % static_cast<unsigned>(max_ranks));
+  p.pp = 1 + static_cast<int>(rng() % 4);
+  p.vpp = rng() % 3 == 0 ? 2 : 1;
+  const int G = 1 + static_cast<int>(rng() % static_cast<unsigned>(max_groups));
+  p.rank_microbatches.assign(p.num_ranks, {});
+  for (int g = 0; g < G; ++g) {
+    std::vector<int> ranks;
+    for (int r = 0; r < p.num_ranks; ++r)
+      if (rng() % 3 == 0) ranks.push_back(r);
+    if (ranks.empty()) ranks.push_back(static_cast<int>(rng() % p.num_ranks));
+    for (int r : ranks) p.rank_microbatches[r].push_back(g);
+    p.group_ranks.push_back(ranks);
+    p.group_forward.push_back(0.1 + static_cast<double>(rng() % 1000) / 97.0);
+    p.group_backward.push_back(static_cast<double>(rng() % 1000) / 89.0);
+    if (memory) p.group_memory.push_back(static_cast<double>(rng() % 5));
+  }
+  if (shuffle)
+    for (auto& mbs : p.rank_microbatches) std::shuffle(mbs.begin(), mbs.end(), rng);
+  if (p.vpp > 1)
+    for (const auto& mbs : p.rank_microbatches)
+      if (mbs.size() % p.pp) p.vpp = 1;
+  return p;
+}
+}  // namespace
+
 TEST(Pipeline, RandomOrdersSimulateOrReportACycle) {
   std::mt19937_64 rng(11);
   int simulated = 0, cycles = 0;
   for (int iter = 0; iter < 400; ++iter) {
-    PipelineProblem p;
-    p.num_ranks = 1 + static_cast<int>(rng() % 5);
-    p.pp = 1 + static_cast<int>(rng() % 4);
-    p.vpp = rng() % 3 == 0 ? 2 : 1;
-    const int G = 1 + static_cast<int>(rng() % 10);
-    p.rank_microbatches.assign(p.num_ranks, {});
-    for (int g = 0; g < G; ++g) {
-      std::vector<int> ranks;
-      for (int r = 0; r < p.num_ranks; ++r)
-        if (rng() % 3 == 0) ranks.push_back(r);
-      if (ranks.empty()) ranks.push_back(static_cast<int>(rng() % p.num_ranks));
-      for (int r : ranks) p.rank_microbatches[r].push_back(g);
-      p.group_ranks.push_back(ranks);
-      p.group_forward.push_back(0.5 + static_cast<double>(rng() % 7));
-      p.group_backward.push_back(static_cast<double>(rng() % 9));
-      p.group_memory.push_back(static_cast<double>(rng() % 5));
-    }
-    for (auto& mbs : p.rank_microbatches) std::shuffle(mbs.begin(), mbs.end(), rng);
-    if (p.vpp > 1)
-      for (const auto& mbs : p.rank_microbatches)
-        if (mbs.size() % p.pp) p.vpp = 1;
+    const PipelineProblem p = random_problem(rng, 5, 10, true, true);
     try {
       auto res = simulate(p, true);
       check_timeline(p, res);
@@ -639,62 +649,21 @@ TEST(Pipeline, RandomOrdersSimulateOrReportACycle) {
 
 // The flat step-time path (what dynacp's scorer runs) gives simulate()'s step time bit for bit on random problems,
 // and reports the same cycles; bad flat arrays raise InvalidArgument naming the problem.
-namespace {
-PipelineProblem random_problem(std::mt19937_64& rng) {
-  PipelineProblem p;
-  p.num_ranks = 1 + static_cast<int>(rng() % 6);
-  p.pp = 1 + static_cast<int>(rng() % 4);
-  p.vpp = rng() % 3 == 0 ? 2 : 1;
-  const int G = 1 + static_cast<int>(rng() % 12);
-  p.rank_microbatches.assign(p.num_ranks, {});
-  for (int g = 0; g < G; ++g) {
-    std::vector<int> ranks;
-    for (int r = 0; r < p.num_ranks; ++r)
-      if (rng() % 3 == 0) ranks.push_back(r);
-    if (ranks.empty()) ranks.push_back(static_cast<int>(rng() % p.num_ranks));
-    for (int r : ranks) p.rank_microbatches[r].push_back(g);
-    p.group_ranks.push_back(ranks);
-    p.group_forward.push_back(0.1 + static_cast<double>(rng() % 1000) / 97.0);
-    p.group_backward.push_back(static_cast<double>(rng() % 1000) / 89.0);
-  }
-  if (rng() % 2) {  // half in a consistent order (no cycle), half shuffled
-    for (auto& mbs : p.rank_microbatches) std::shuffle(mbs.begin(), mbs.end(), rng);
-  }
-  if (p.vpp > 1)
-    for (const auto& mbs : p.rank_microbatches)
-      if (mbs.size() % p.pp) p.vpp = 1;
-  return p;
-}
-
-sim::FlatProblem flat_of(const PipelineProblem& p) {
-  sim::FlatProblem f;
-  f.num_ranks = p.num_ranks, f.pp = p.pp, f.vpp = p.vpp;
-  f.rank_off.push_back(0);
-  for (const auto& mbs : p.rank_microbatches) {
-    f.rank_groups.insert(f.rank_groups.end(), mbs.begin(), mbs.end());
-    f.rank_off.push_back(static_cast<std::int32_t>(f.rank_groups.size()));
-  }
-  for (const auto& r : p.group_ranks) f.group_size.push_back(static_cast<std::int32_t>(r.size()));
-  f.group_forward = p.group_forward, f.group_backward = p.group_backward;
-  return f;
-}
-}  // namespace
-
 TEST(Pipeline, FlatStepTimeIsTheSimulators) {
   std::mt19937_64 rng(77);
   int same = 0, cycles = 0;
   for (int iter = 0; iter < 600; ++iter) {
-    const PipelineProblem p = random_problem(rng);
+    const PipelineProblem p = random_problem(rng, 6, 12, rng() % 2 == 1, false);
     double full = -1.0;
     try {
       full = simulate(p).step_time;
     } catch (const Error&) {
     }
     if (full < 0) {
-      EXPECT_THROW(sim::step_time(flat_of(p)), Error) << "iteration " << iter;
+      EXPECT_THROW(sim::step_time(sim::flatten(p)), Error) << "iteration " << iter;
       ++cycles;
     } else {
-      EXPECT_EQ(sim::step_time(flat_of(p)), full) << "iteration " << iter;
+      EXPECT_EQ(sim::step_time(sim::flatten(p)), full) << "iteration " << iter;
       ++same;
     }
   }
@@ -703,7 +672,7 @@ TEST(Pipeline, FlatStepTimeIsTheSimulators) {
 }
 
 TEST(Pipeline, FlatStepTimeRejectsInconsistentArrays) {
-  const sim::FlatProblem good = flat_of(uniform_shared(3, 2, 1, 4, 1.0, 2.0));
+  const sim::FlatProblem good = sim::flatten(uniform_shared(3, 2, 1, 4, 1.0, 2.0));
   EXPECT_GT(sim::step_time(good), 0.0);
   auto expect_invalid = [](const sim::FlatProblem& f, const std::string& words) {
     try {

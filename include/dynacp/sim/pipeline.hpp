@@ -66,6 +66,9 @@ struct FlatProblem {
   std::vector<double> group_backward;     // per group: backward time of one stage-chunk
 };
 
+/// The flat form of a problem (its rank lists concatenated, each group's rank count); no validation.
+FlatProblem flatten(const PipelineProblem& p);
+
 /// simulate(p).step_time for a flat problem (the same op orders and longest path, without the per-rank statistics or
 /// per-group allocations). Throws InvalidArgument for inconsistent arrays (a group listed by more or fewer ranks than
 /// its size, unknown ids, bad times, a count not a multiple of pp under vpp > 1) and Error on a dependency cycle.
