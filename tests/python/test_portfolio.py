@@ -104,3 +104,14 @@ def test_cli_solver_options_and_families_in_compare_json(tmp_path, capsys):
     assert sum(wins.values()) == 2 and set(wins) <= set(dynacp.dynacp_families())
     assert result["strategies"]["packing"]["batches_won_by_family"] == {}
     assert main(["plan", "--gbs", "8", "--time-limit", "0", "--out", str(out)]) == 2
+
+
+def test_the_portfolio_example_runs(capsys) -> None:
+    """examples/portfolio.py runs as written; its faster-inter-node pool is won by the cross-node family."""
+    import runpy
+    from pathlib import Path
+
+    runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "portfolio.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "same plan True" in out and "partial True" in out
+    assert "with family cross-node" in out
