@@ -123,19 +123,30 @@ struct PipelinedBuild {
     ring_s = S, ring_m = M;
   }
 
-  // 2. shorts, longest work first, to the rank with the least estimate
+  // 2. shorts, longest work first, to the rank with the least estimate. Only a rank's last bin changes here, so
+  // S and M are refreshed from the sum and the maximum over its earlier bins (kept as bins close), in refresh()'s
+  // order of additions: the same values, without a pass over every bin per sequence.
   void pack_shorts(const std::vector<std::size_t>& shorts) {
     using Item = std::pair<double, int>;
     std::priority_queue<Item, std::vector<Item>, std::greater<>> heap;
-    for (int r = 0; r < P; ++r) heap.push({est(static_cast<std::size_t>(r)), r});
+    std::vector<double> closed_s(ring_s), closed_m(ring_m);  // over each rank's bins but its last
+    for (int r = 0; r < P; ++r) {
+      const auto u = static_cast<std::size_t>(r);
+      for (std::size_t j = 0; j + 1 < bins[u].size(); ++j)
+        closed_s[u] += bin_time(bins[u][j]), closed_m[u] = std::max(closed_m[u], bin_time(bins[u][j]));
+      heap.push({est(u), r});
+    }
     for (std::size_t i : shorts) {
       const Seq& q = b.seqs_[i];
       const auto r = static_cast<std::size_t>(heap.top().second);
       heap.pop();
       auto& rb = bins[r];
-      if (rb.empty() || rb.back().rows + q.rows1 > b.cap_ || bin_time(rb.back()) + q.work > spec.mu) rb.emplace_back();
+      if (rb.empty() || rb.back().rows + q.rows1 > b.cap_ || bin_time(rb.back()) + q.work > spec.mu) {
+        if (!rb.empty()) closed_s[r] += bin_time(rb.back()), closed_m[r] = std::max(closed_m[r], bin_time(rb.back()));
+        rb.emplace_back();
+      }
       b.add_to(rb.back(), i);
-      refresh(r);
+      S[r] = closed_s[r] + bin_time(rb.back()), M[r] = std::max(closed_m[r], bin_time(rb.back()));
       heap.push({est(r), static_cast<int>(r)});
     }
   }
