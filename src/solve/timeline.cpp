@@ -97,6 +97,70 @@ std::vector<double> group_times(const std::vector<Group>& groups, const Batch& b
   for (std::size_t i = 0; i < groups.size(); ++i) time[i] = cost.group_time(groups[i], batch, cluster);
   return time;
 }
+// The candidate permutations of one rank class's lists (all `ranks` run lists of one length), fastest first by the
+// class's slowest list time, the identity first: every permutation up to 7 microbatches, else a move search from the
+// identity; the best few below the identity are kept. list_time(list, perm) is a list's 1F1B time in perm's order.
+template <class ListTime>
+std::vector<std::vector<std::size_t>> class_candidates(const std::vector<std::size_t>& ranks,
+                                                       const std::vector<std::vector<std::size_t>>& lists,
+                                                       const std::vector<double>& time, ListTime& list_time) {
+  constexpr int kMoves = 200;       // list-time evaluations per class beyond full enumeration
+  constexpr std::size_t kKeep = 6;  // candidate permutations per class (by its slowest list), identity aside
+  std::vector<std::vector<std::size_t>> out;
+  std::vector<std::size_t> reps;  // the class's distinct lists by time: equal ones need one evaluation
+  {
+    std::map<std::vector<double>, std::size_t> seen;
+    for (std::size_t r : ranks) {
+      std::vector<double> key;
+      for (std::size_t i : lists[r]) key.push_back(time[i]);
+      if (seen.emplace(key, r).second) reps.push_back(r);
+    }
+  }
+  const std::size_t n = lists[ranks[0]].size();
+  std::vector<std::size_t> perm(n);
+  std::iota(perm.begin(), perm.end(), std::size_t{0});
+  out.push_back(perm);
+  if (n < 2) return out;
+  // the class's slowest list under q; stops once it reaches `cutoff` (the caller then drops q)
+  auto worst = [&](const std::vector<std::size_t>& q, double cutoff) {
+    double w = 0.0;
+    for (std::size_t k = 0; k < reps.size() && w < cutoff; ++k) w = std::max(w, list_time(lists[reps[k]], q));
+    return w;
+  };
+  const double start = worst(perm, std::numeric_limits<double>::infinity());
+  std::vector<std::pair<double, std::vector<std::size_t>>> kept;   // the best kKeep below start, by (time, perm)
+  auto offer = [&](double w, const std::vector<std::size_t>& q) {  // after the equal ones: a stable order
+    if (w >= start - 1e-12 || (kept.size() == kKeep && w >= kept.back().first)) return;
+    const auto at = std::upper_bound(kept.begin(), kept.end(), w, [](double v, const auto& e) { return v < e.first; });
+    kept.insert(at, {w, q});
+    if (kept.size() > kKeep) kept.pop_back();
+  };
+  auto bar = [&] { return kept.size() == kKeep ? std::min(kept.back().first, start - 1e-12) : start - 1e-12; };
+  if (n <= 7) {
+    while (std::next_permutation(perm.begin(), perm.end())) offer(worst(perm, bar()), perm);
+  } else {
+    std::vector<std::size_t> base = perm;
+    double best = start;
+    int spent = 0;
+    for (bool better = true; better && spent < kMoves;) {
+      better = false;
+      for (std::size_t a = 0; a < n && !better && spent < kMoves; ++a)
+        for (std::size_t b = 0; b < n && !better && spent < kMoves; ++b) {
+          if (a == b) continue;
+          std::vector<std::size_t> trial = base;
+          const std::size_t x = trial[a];
+          trial.erase(trial.begin() + static_cast<std::ptrdiff_t>(a));
+          trial.insert(trial.begin() + static_cast<std::ptrdiff_t>(b), x);
+          ++spent;
+          if (const double w = worst(trial, best - 1e-12); w < best - 1e-12)
+            best = w, base = std::move(trial), better = true;
+        }
+    }
+    offer(best, base);
+  }
+  for (auto& [w, q] : kept) out.push_back(std::move(q));
+  return out;
+}
 }  // namespace
 
 Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& cluster, const CostModel& cost,
@@ -252,67 +316,11 @@ Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cl
     return order;
   };
   auto layout = [&](const std::vector<std::size_t>& order) { return lay_out(groups, order, P); };
-  constexpr int kMoves = 200;       // list-time evaluations per class beyond full enumeration
-  constexpr std::size_t kKeep = 6;  // candidate permutations per class (by its slowest list), identity aside
-  constexpr int kBudget = 96;       // scorings
+  constexpr int kBudget = 96;  // scorings
   // Per class: candidate permutations, fastest first (the class's slowest list time; the first is the identity).
   std::vector<std::vector<std::vector<std::size_t>>> cands(classes.size());
-  for (std::size_t ci = 0; ci < classes.size(); ++ci) {
-    const Class& c = classes[ci];
-    std::vector<std::size_t> reps;  // the class's distinct lists by time: equal ones need one evaluation
-    {
-      std::map<std::vector<double>, std::size_t> seen;
-      for (std::size_t r : c.ranks) {
-        std::vector<double> key;
-        for (std::size_t i : lists[r]) key.push_back(time[i]);
-        if (seen.emplace(key, r).second) reps.push_back(r);
-      }
-    }
-    const std::size_t n = lists[c.ranks[0]].size();
-    std::vector<std::size_t> perm(n);
-    std::iota(perm.begin(), perm.end(), std::size_t{0});
-    cands[ci].push_back(perm);
-    if (n < 2) continue;
-    // the class's slowest list under q; stops once it reaches `cutoff` (the caller then drops q)
-    auto worst = [&](const std::vector<std::size_t>& q, double cutoff) {
-      double w = 0.0;
-      for (std::size_t k = 0; k < reps.size() && w < cutoff; ++k) w = std::max(w, list_time(lists[reps[k]], q));
-      return w;
-    };
-    const double start = worst(perm, std::numeric_limits<double>::infinity());
-    std::vector<std::pair<double, std::vector<std::size_t>>> kept;   // the best kKeep below start, by (time, perm)
-    auto offer = [&](double w, const std::vector<std::size_t>& q) {  // after the equal ones: a stable order
-      if (w >= start - 1e-12 || (kept.size() == kKeep && w >= kept.back().first)) return;
-      const auto at =
-          std::upper_bound(kept.begin(), kept.end(), w, [](double v, const auto& e) { return v < e.first; });
-      kept.insert(at, {w, q});
-      if (kept.size() > kKeep) kept.pop_back();
-    };
-    auto bar = [&] { return kept.size() == kKeep ? std::min(kept.back().first, start - 1e-12) : start - 1e-12; };
-    if (n <= 7) {
-      while (std::next_permutation(perm.begin(), perm.end())) offer(worst(perm, bar()), perm);
-    } else {
-      std::vector<std::size_t> base = perm;
-      double best = start;
-      int spent = 0;
-      for (bool better = true; better && spent < kMoves;) {
-        better = false;
-        for (std::size_t a = 0; a < n && !better && spent < kMoves; ++a)
-          for (std::size_t b = 0; b < n && !better && spent < kMoves; ++b) {
-            if (a == b) continue;
-            std::vector<std::size_t> trial = base;
-            const std::size_t x = trial[a];
-            trial.erase(trial.begin() + static_cast<std::ptrdiff_t>(a));
-            trial.insert(trial.begin() + static_cast<std::ptrdiff_t>(b), x);
-            ++spent;
-            if (const double w = worst(trial, best - 1e-12); w < best - 1e-12)
-              best = w, base = std::move(trial), better = true;
-          }
-      }
-      offer(best, base);
-    }
-    for (auto& [w, q] : kept) cands[ci].push_back(std::move(q));
-  }
+  for (std::size_t ci = 0; ci < classes.size(); ++ci)
+    cands[ci] = class_candidates(classes[ci].ranks, lists, time, list_time);
   // Scores the plan with class ci at candidate pick[ci]; keeps it when it lowers *t.
   std::vector<std::size_t> pick(classes.size(), 0);
   int spent = 0;
