@@ -88,7 +88,10 @@ struct PipelinedBuild {
     for (const auto& x : bins[r]) S[r] += bin_time(x), M[r] = std::max(M[r], bin_time(x));
   }
 
-  // 1. rings, largest area first (isolate: the slowest go first and keep their ranks from other rings)
+  // 1. rings, largest area first (isolate: the slowest go first and keep their ranks from other rings). A rank's
+  // placement key orders lexicographically by weights far above any estimate (seconds): reserved ranks last, then
+  // (align) fewer rings first, then the least estimate.
+  static constexpr double kPerRing = 1e6, kReserved = 1e12;
   void place_rings(std::vector<Ring> rings) {
     std::stable_sort(rings.begin(), rings.end(), [](const Ring& x, const Ring& y) { return x.t * x.d > y.t * y.d; });
     double slowest = 0.0;
@@ -114,7 +117,7 @@ struct PipelinedBuild {
           rings_on[u] = round + 1;
           // align: ranks with fewer rings first (fewer rounds to fill with their own microbatches)
           if (critical(ring)) reserved[u] = 1;
-          key[u] = (spec.align ? 1e6 * rings_on[u] : 0.0) + est(u) + (reserved[u] ? 1e12 : 0.0);
+          key[u] = (spec.align ? kPerRing * rings_on[u] : 0.0) + est(u) + (reserved[u] ? kReserved : 0.0);
         }
         for (int node = ranks.front() / rpn; node <= ranks.back() / rpn; ++node) picker.update(node, key);
         ring_groups.push_back({std::move(ranks), b.seqs_[ring.seq].id, round, ring.t});
@@ -358,17 +361,19 @@ struct PipelinedBuild {
   // Per-rank lists: a ring of round k sits at index k + lead, the same on all its ranks, so no two ranks of a group
   // reach it at different 1F1B positions; a first-round ring's ranks run their lead microbatches before it. The
   // rank's own microbatches fill the other indices in the spec's order (docs/strategies.md).
+  // What a rank runs at one list index: nothing yet, one of its own bins, a ring, or one of its lead bins.
+  enum class Entry { Free, Own, Ring, Lead };
   Plan emit() const {
-    std::vector<std::vector<std::pair<int, std::size_t>>> lists(static_cast<std::size_t>(P));  // (kind, index)
+    std::vector<std::vector<std::pair<Entry, std::size_t>>> lists(static_cast<std::size_t>(P));  // (what, index)
     for (int r = 0; r < P; ++r)
       for (std::size_t j = 0; j < pre[static_cast<std::size_t>(r)].size(); ++j)
-        lists[static_cast<std::size_t>(r)].push_back({2, j});
+        lists[static_cast<std::size_t>(r)].push_back({Entry::Lead, j});
     for (std::size_t g = 0; g < ring_groups.size(); ++g)
       for (int r : ring_groups[g].ranks) {
         auto& l = lists[static_cast<std::size_t>(r)];
         const auto at = static_cast<std::size_t>(ring_groups[g].round + lead);
-        if (l.size() <= at) l.resize(at + 1, {-1, 0});
-        l[at] = {1, g};
+        if (l.size() <= at) l.resize(at + 1, {Entry::Free, 0});
+        l[at] = {Entry::Ring, g};
       }
     for (int r = 0; r < P; ++r) {
       std::vector<double> w;
@@ -377,8 +382,8 @@ struct PipelinedBuild {
       auto& l = lists[static_cast<std::size_t>(r)];
       std::size_t k = 0;
       for (auto& slot : l)
-        if (slot.first < 0 && k < seq.size()) slot = {0, seq[k++]};
-      while (k < seq.size()) l.push_back({0, seq[k++]});
+        if (slot.first == Entry::Free && k < seq.size()) slot = {Entry::Own, seq[k++]};
+      while (k < seq.size()) l.push_back({Entry::Own, seq[k++]});
     }
     std::vector<Group> groups;  // in run order, laid out in slots at the end (no pricing needed)
     std::size_t longest = 0;
@@ -387,12 +392,13 @@ struct PipelinedBuild {
       for (int r = 0; r < P; ++r) {
         const auto& l = lists[static_cast<std::size_t>(r)];
         if (at >= l.size()) continue;
-        const auto [kind, index] = l[at];
-        if (kind == 0 || kind == 2) {
-          std::vector<std::int64_t> ids = b.ids_of((kind == 0 ? bins : pre)[static_cast<std::size_t>(r)][index]);
+        const auto [what, index] = l[at];
+        if (what == Entry::Own || what == Entry::Lead) {
+          std::vector<std::int64_t> ids =
+              b.ids_of((what == Entry::Own ? bins : pre)[static_cast<std::size_t>(r)][index]);
           std::sort(ids.begin(), ids.end());
           groups.push_back({{r}, std::move(ids)});
-        } else if (kind == 1 && ring_groups[index].ranks.front() == r) {
+        } else if (what == Entry::Ring && ring_groups[index].ranks.front() == r) {
           groups.push_back({ring_groups[index].ranks, {ring_groups[index].id}});
         }
       }
