@@ -44,34 +44,42 @@ sim::PipelineProblem pipeline_problem(const Plan& plan, const Batch& batch, cons
   return prob;
 }
 
+/// The simulator's flat input for a pipelined plan (what pipeline_problem builds, without memory and per-group
+/// allocations): group times from `single` (single_stats of the batch), split by backward_ratio over pp x vpp
+/// stage-chunks.
+sim::FlatProblem flat_problem(const Plan& plan, std::span<const GroupStats> single, const Cluster& cluster,
+                              const CostModel& cost, const PlanOptions& options) {
+  sim::FlatProblem prob;
+  prob.num_ranks = cluster.num_ranks, prob.pp = options.pp, prob.vpp = options.vpp;
+  prob.rank_off.assign(static_cast<std::size_t>(cluster.num_ranks) + 1, 0);
+  const double chunks = static_cast<double>(options.pp) * options.vpp;
+  for (const auto& slot : plan.microbatches)
+    for (const auto& g : slot) {
+      const double t = cost.group_time(g, single, cluster);
+      prob.group_size.push_back(static_cast<std::int32_t>(g.ranks.size()));
+      prob.group_forward.push_back(cost.forward_time(t, chunks));
+      prob.group_backward.push_back(cost.backward_time(t, chunks));
+      for (int r : g.ranks) ++prob.rank_off[static_cast<std::size_t>(r) + 1];
+    }
+  for (std::size_t r = 0; r < static_cast<std::size_t>(cluster.num_ranks); ++r)
+    prob.rank_off[r + 1] += prob.rank_off[r];
+  prob.rank_groups.resize(static_cast<std::size_t>(prob.rank_off.back()));
+  std::vector<std::int32_t> at(prob.rank_off.begin(), prob.rank_off.end() - 1);
+  std::int32_t id = 0;
+  for (const auto& slot : plan.microbatches)
+    for (const auto& g : slot) {
+      for (int r : g.ranks) prob.rank_groups[static_cast<std::size_t>(at[static_cast<std::size_t>(r)]++)] = id;
+      ++id;
+    }
+  return prob;
+}
+
 /// The step time alone (what candidate scoring needs): the group timeline for pp = 1, the simulator's longest path
 /// (sim::step_time on flat arrays) for pp > 1. `single`: single_stats of the batch.
 double step_time(const Plan& plan, std::span<const GroupStats> single, const Cluster& cluster, const CostModel& cost,
                  const PlanOptions& options) {
   if (options.pp > 1) {
-    sim::FlatProblem prob;
-    prob.num_ranks = cluster.num_ranks, prob.pp = options.pp, prob.vpp = options.vpp;
-    prob.rank_off.assign(static_cast<std::size_t>(cluster.num_ranks) + 1, 0);
-    const double chunks = static_cast<double>(options.pp) * options.vpp;
-    for (const auto& slot : plan.microbatches)
-      for (const auto& g : slot) {
-        const double t = cost.group_time(g, single, cluster);
-        prob.group_size.push_back(static_cast<std::int32_t>(g.ranks.size()));
-        prob.group_forward.push_back(cost.forward_time(t, chunks));
-        prob.group_backward.push_back(cost.backward_time(t, chunks));
-        for (int r : g.ranks) ++prob.rank_off[static_cast<std::size_t>(r) + 1];
-      }
-    for (std::size_t r = 0; r < static_cast<std::size_t>(cluster.num_ranks); ++r)
-      prob.rank_off[r + 1] += prob.rank_off[r];
-    prob.rank_groups.resize(static_cast<std::size_t>(prob.rank_off.back()));
-    std::vector<std::int32_t> at(prob.rank_off.begin(), prob.rank_off.end() - 1);
-    std::int32_t id = 0;
-    for (const auto& slot : plan.microbatches)
-      for (const auto& g : slot) {
-        for (int r : g.ranks) prob.rank_groups[static_cast<std::size_t>(at[static_cast<std::size_t>(r)]++)] = id;
-        ++id;
-      }
-    return sim::step_time(prob);
+    return sim::step_time(flat_problem(plan, single, cluster, cost, options));
   }
   std::vector<double> free(static_cast<std::size_t>(cluster.num_ranks), 0.0);
   for (const auto& slot : plan.microbatches)

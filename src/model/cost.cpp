@@ -67,9 +67,7 @@ double CostModel::group_time(const Group& group, const Batch& batch, const Clust
 }
 
 double CostModel::group_time(const Group& group, std::span<const GroupStats> single, const Cluster& cluster) const {
-  GroupStats g;
-  for (auto id : group.sequences) g.merge(single[static_cast<std::size_t>(id)]);
-  return time(g, group.degree(), cluster.crosses_nodes(group.ranks), cluster);
+  return time(sum_stats(single, group.sequences), group.degree(), cluster.crosses_nodes(group.ranks), cluster);
 }
 
 double CostModel::time(const GroupStats& g, int d, const Cluster& c) const {

@@ -58,6 +58,23 @@ void Plan::validate(const Batch& batch, const Cluster& cluster, const CostModel&
     if (!seen[static_cast<std::size_t>(i)]) invalid("sequence ", i, " is missing from the plan");
 }
 
+namespace {
+// Feeds a plan's assignment to `mix` in one fixed order: a marker per slot and per group, the group's ranks, a
+// marker, its sequences. digest() and fingerprint() hash the same stream.
+template <class Mix>
+void feed_assignment(const Plan& p, Mix&& mix) {
+  for (const auto& slot : p.microbatches) {
+    mix(0xA5A5A5A5ull);
+    for (const auto& g : slot) {
+      mix(0x5A5A5A5Aull);
+      for (int r : g.ranks) mix(static_cast<std::uint64_t>(r));
+      mix(0xFFull);
+      for (auto s : g.sequences) mix(static_cast<std::uint64_t>(s));
+    }
+  }
+}
+}  // namespace
+
 std::uint64_t Plan::digest() const {
   std::uint64_t h = 1469598103934665603ull;
   auto mix = [&h](std::uint64_t v) {
@@ -69,16 +86,17 @@ std::uint64_t Plan::digest() const {
   for (char ch : strategy) mix(static_cast<unsigned char>(ch));
   mix(static_cast<std::uint64_t>(version));
   mix(static_cast<std::uint64_t>(num_ranks));
-  for (const auto& slot : microbatches) {
-    mix(0xA5A5A5A5ull);
-    for (const auto& g : slot) {
-      mix(0x5A5A5A5Aull);
-      for (int r : g.ranks) mix(static_cast<std::uint64_t>(r));
-      mix(0xFFull);
-      for (auto s : g.sequences) mix(static_cast<std::uint64_t>(s));
-    }
-  }
+  feed_assignment(*this, mix);
   return h;
+}
+
+std::pair<std::uint64_t, std::uint64_t> Plan::fingerprint() const {
+  std::uint64_t a = 1469598103934665603ull, b = 0x9E3779B97F4A7C15ull;
+  feed_assignment(*this, [&](std::uint64_t v) {
+    a = (a ^ v) * 1099511628211ull;
+    b = (b ^ (v + 0x632BE59BD9B4E019ull)) * 0xFF51AFD7ED558CCDull, b ^= b >> 29;
+  });
+  return {a, b};
 }
 
 }  // namespace dynacp

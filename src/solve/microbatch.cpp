@@ -68,18 +68,18 @@ std::vector<double> one_f_one_b_profile(int m, int pp) {
 }
 
 double one_f_one_b_chain_floor(std::span<const double> times, int pp, double backward_ratio) {
-  std::vector<double> scratch;
+  OneFOneBScratch scratch;
   return one_f_one_b_chain_floor(times, pp, backward_ratio, scratch);
 }
 
-double one_f_one_b_chain_floor(std::span<const double> times, int pp, double backward_ratio,
-                               std::vector<double>& scratch) {
+double one_f_one_b_chain_floor(std::span<const double> times, int pp, double backward_ratio, OneFOneBScratch& scratch) {
   check_list("one_f_one_b_chain_floor", times, pp);
   // Longest path, microbatch by microbatch: its forwards from stage 0 up, then its backwards from the last stage
   // down. fwd[k] / bwd[k]: when the latest microbatch's forward / backward on stage k ends at the earliest.
   const auto P = static_cast<std::size_t>(pp);
-  scratch.assign(2 * P, 0.0);
-  const std::span<double> fwd(scratch.data(), P), bwd(scratch.data() + P, P);
+  auto& fwd = scratch.fwd;
+  auto& bwd = scratch.bwd;
+  fwd.assign(P, 0.0), bwd.assign(P, 0.0);
   const double f_share = 1.0 / ((1.0 + backward_ratio) * pp), b_share = backward_ratio / ((1.0 + backward_ratio) * pp);
   for (double t : times) {
     double ready = 0.0;  // the forward on the stage before

@@ -76,18 +76,11 @@ std::vector<Group> flatten(const Plan& plan) {
 }
 
 // A global order of groups laid out again as early as each rank allows: a group's slot is one past its ranks' last.
-std::vector<std::vector<Group>> lay_out(const std::vector<Group>& groups, const std::vector<std::size_t>& order,
-                                        std::size_t P) {
-  std::vector<int> last(P, -1);
-  std::vector<std::vector<Group>> slots;
-  for (std::size_t i : order) {
-    int k = 0;
-    for (int r : groups[i].ranks) k = std::max(k, last[static_cast<std::size_t>(r)] + 1);
-    for (int r : groups[i].ranks) last[static_cast<std::size_t>(r)] = k;
-    if (slots.size() <= static_cast<std::size_t>(k)) slots.resize(static_cast<std::size_t>(k) + 1);
-    slots[static_cast<std::size_t>(k)].push_back(groups[i]);
-  }
-  return slots;
+std::vector<std::vector<Group>> lay_out(const std::vector<Group>& groups, const std::vector<std::size_t>& order) {
+  std::vector<Group> in_order;
+  in_order.reserve(order.size());
+  for (std::size_t i : order) in_order.push_back(groups[i]);
+  return lay_out_groups(std::move(in_order)).microbatches;
 }
 
 // Each group's time on its ranks.
@@ -168,7 +161,7 @@ Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& clust
   const std::vector<Group> groups = flatten(plan);
   const std::vector<double> time = group_times(groups, batch, cluster, cost);
   const auto P = static_cast<std::size_t>(cluster.num_ranks);
-  auto layout = [&](const std::vector<std::size_t>& order) { return lay_out(groups, order, P); };
+  auto layout = [&](const std::vector<std::size_t>& order) { return lay_out(groups, order); };
   auto rank_lists = [&](const std::vector<std::size_t>& order) {  // each rank's groups, in one pass
     std::vector<std::vector<std::size_t>> out(P);
     for (std::size_t i : order)
@@ -315,7 +308,7 @@ Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cl
     if (order.size() != groups.size()) order.clear();
     return order;
   };
-  auto layout = [&](const std::vector<std::size_t>& order) { return lay_out(groups, order, P); };
+  auto layout = [&](const std::vector<std::size_t>& order) { return lay_out(groups, order); };
   constexpr int kBudget = 96;  // scorings
   // Per class: candidate permutations, fastest first (the class's slowest list time; the first is the identity).
   std::vector<std::vector<std::vector<std::size_t>>> cands(classes.size());

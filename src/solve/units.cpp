@@ -48,10 +48,8 @@ class Units {
         pp_(pp),
         equal_(equal_counts),
         step_(step),
-        m_max_(std::min(32, 8 * pp) / step * step) {
-    one_.reserve(batch.size());
-    for (std::size_t i = 0; i < batch.size(); ++i) one_.push_back(stats_of(batch, cost, i));
-  }
+        m_max_(std::min(32, 8 * pp) / step * step),
+        one_(single_stats(batch, cost)) {}
 
   /// A unit of `width` ranks from `start` is usable when it stays inside one node or spans whole nodes.
   bool aligned(int start, int width) const {
@@ -70,13 +68,6 @@ class Units {
     if (t.empty())
       for (std::size_t i = 0; i < batch_.size(); ++i) t.push_back(time(stats_of(batch_, cost_, i), width));
     return t;
-  }
-
-  /// group_stats of `ids` from each sequence's own stats (the same sums, in the same order).
-  GroupStats stats_of_ids(const std::vector<std::int64_t>& ids) const {
-    GroupStats g;
-    for (std::int64_t id : ids) g.merge(one_[static_cast<std::size_t>(id)]);
-    return g;
   }
 
   /// Packs each unit's sequences, picks counts, balances (variable counts) and emits the plan; empty when some unit
@@ -309,13 +300,13 @@ double Units::split(std::vector<std::int64_t> ids, int start, int width, std::ve
       g[k].merge(one_[i]), t[k] = after[k], part[k].push_back(id);
       used[k] += rows(i, half);
     }
-    if (ok && !part[1].empty() && std::max(t[0], t[1]) < time(stats_of_ids(ids), width) - 1e-12) {
+    if (ok && !part[1].empty() && std::max(t[0], t[1]) < time(sum_stats(one_, ids), width) - 1e-12) {
       const double a = split(std::move(part[0]), start, half, out);
       return std::max(a, split(std::move(part[1]), start + half, half, out));
     }
   }
   std::sort(ids.begin(), ids.end());
-  const double t = time(stats_of_ids(ids), width);
+  const double t = time(sum_stats(one_, ids), width);
   std::vector<int> ranks(static_cast<std::size_t>(width));
   std::iota(ranks.begin(), ranks.end(), start);
   out.push_back({std::move(ranks), std::move(ids)});

@@ -148,6 +148,12 @@ struct CostModel {
 GroupStats group_stats(const Batch& batch, const CostModel& cost, std::span<const std::int64_t> ids);
 /// Each sequence's stats alone: element i is group_stats of {i}.
 std::vector<GroupStats> single_stats(const Batch& batch, const CostModel& cost);
+/// group_stats of `ids` from single_stats, merged in the order of `ids` (the same sums, bit for bit).
+inline GroupStats sum_stats(std::span<const GroupStats> single, std::span<const std::int64_t> ids) {
+  GroupStats g;
+  for (auto id : ids) g.merge(single[static_cast<std::size_t>(id)]);
+  return g;
+}
 /// R(G,d): the rows each rank of a d-rank ring holds for the sequences `ids` once padded (Cluster::padded_rows).
 std::int64_t group_rows(const Batch& batch, const Cluster& cluster, std::span<const std::int64_t> ids, int d);
 

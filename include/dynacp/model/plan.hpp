@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dynacp/model/batch.hpp"
@@ -53,6 +54,10 @@ struct Plan {
   void validate(const Batch& batch, const Cluster& cluster, const CostModel& cost) const;
   /// A stable 64-bit FNV-1a digest of the assignment (strategy, ranks, slots, groups); excludes timings.
   std::uint64_t digest() const;
+  /// A 128-bit key of the assignment alone (slots, groups, ranks, sequences; not strategy or metadata) from two
+  /// independent 64-bit hashes, for memoising per-plan results within one process (dynacp's scorer). Not stable
+  /// across versions; digest() is the stable one.
+  std::pair<std::uint64_t, std::uint64_t> fingerprint() const;
 };
 
 }  // namespace dynacp

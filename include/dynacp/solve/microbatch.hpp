@@ -47,6 +47,8 @@ struct OneFOneBScratch {
 };
 /// The same with a caller's buffers (no allocation once they have grown).
 double one_f_one_b_makespan(std::span<const double> times, int pp, double backward_ratio, OneFOneBScratch& scratch);
+/// one_f_one_b_chain_floor (below) with a caller's buffers (its per-stage ends in scratch.fwd and scratch.bwd).
+double one_f_one_b_chain_floor(std::span<const double> times, int pp, double backward_ratio, OneFOneBScratch& scratch);
 
 /// A floor on the makespan of any 1F1B pipeline of pp stages that runs microbatches of these times in this order,
 /// whatever other microbatches it runs before, between or after them: the longest chain through their ops along
@@ -56,9 +58,6 @@ double one_f_one_b_makespan(std::span<const double> times, int pp, double backwa
 /// max(a + 2 b / (3 pp), a / (3 pp) + b, ((pp + 2) a + (2 pp + 1) b) / (3 pp)). Throws on pp < 1 or a negative or
 /// non-finite time. backward_ratio as for one_f_one_b_makespan (the lower bound uses the default, 2).
 double one_f_one_b_chain_floor(std::span<const double> times, int pp, double backward_ratio = 2.0);
-/// The same with a caller's buffer for the per-stage times (no allocation once it has grown to 2 pp entries).
-double one_f_one_b_chain_floor(std::span<const double> times, int pp, double backward_ratio,
-                               std::vector<double>& scratch);
 
 /// The most other work a pipeline of pp stages can run within S beside "giant" microbatches of times t (in this run
 /// order), by one_f_one_b_chain_floor: the other work goes anywhere around them, as microbatches of its own (x_0

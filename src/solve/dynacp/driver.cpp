@@ -247,8 +247,8 @@ namespace dyn {
 namespace {
 // The scorer the search uses: options.score (or the group timeline) memoised by the plan's assignment. Builds often
 // repeat a plan (about a fifth of the pipelined builds on bench.py's batches) and scoring - the simulator - is much
-// of the search's cost. The key is two independent 64-bit hashes of the slots, groups, ranks and sequences (a
-// false match would need both to collide); scores are pure functions of the plan, so the outcome does not depend
+// of the search's cost. The key is Plan::fingerprint, two independent 64-bit hashes of the assignment (a false match
+// would need both to collide); scores are pure functions of the plan, so the outcome does not depend
 // on which thread scored a plan first.
 std::function<double(const Plan&)> memoised_score(const Batch& batch, const Cluster& cluster, const CostModel& cost,
                                                   const PlanOptions& options) {
@@ -258,21 +258,7 @@ std::function<double(const Plan&)> memoised_score(const Batch& batch, const Clus
   };
   auto memo = std::make_shared<Memo>();
   return [memo, &batch, &cluster, &cost, options](const Plan& p) {
-    std::uint64_t a = 1469598103934665603ull, b = 0x9E3779B97F4A7C15ull;
-    auto mix = [&](std::uint64_t v) {
-      a = (a ^ v) * 1099511628211ull;
-      b = (b ^ (v + 0x632BE59BD9B4E019ull)) * 0xFF51AFD7ED558CCDull, b ^= b >> 29;
-    };
-    for (const auto& slot : p.microbatches) {
-      mix(0xA5A5A5A5A5ull);
-      for (const auto& g : slot) {
-        mix(0x5A5A5A5A5Aull);
-        for (int r : g.ranks) mix(static_cast<std::uint64_t>(r));
-        mix(0xFFFFFFFFFFull);
-        for (auto s : g.sequences) mix(static_cast<std::uint64_t>(s));
-      }
-    }
-    const std::pair key{a, b};
+    const auto key = p.fingerprint();
     {
       const std::lock_guard lock(memo->mutex);
       if (auto it = memo->seen.find(key); it != memo->seen.end()) return it->second;

@@ -37,7 +37,8 @@ struct ShelfSearch {
   std::vector<std::pair<double, std::vector<Ring>>> top;
   std::vector<Ring> layout;  // scratch
   std::vector<int> cuts;
-  std::vector<double> chain, stages;
+  std::vector<double> chain;
+  OneFOneBScratch stages;
 
   int least(std::size_t g) const { return b.seqs_[giants[g]].dmin; }
 
