@@ -1,6 +1,7 @@
 #include "dynacp/solve/units.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -26,8 +27,8 @@ struct Unit {
 
 struct Packed {
   double makespan = kInf;
-  std::vector<std::vector<Group>>
-      microbatches;  // run order, none empty: its rings, ranks counted from the unit's first
+  std::vector<std::vector<std::int64_t>> bins;  // each microbatch's sequences, run order, none empty (Units::groups
+                                                // splits them into rings)
 };
 
 GroupStats stats_of(const Batch& batch, const CostModel& cost, std::size_t i) {
@@ -49,7 +50,8 @@ class Units {
         equal_(equal_counts),
         step_(step),
         m_max_(std::min(32, 8 * pp) / step * step),
-        one_(single_stats(batch, cost)) {}
+        one_(single_stats(batch, cost)),
+        parts_(64) {}
 
   /// A unit of `width` ranks from `start` is usable when it stays inside one node or spans whole nodes.
   bool aligned(int start, int width) const {
@@ -84,16 +86,22 @@ class Units {
   }
   void sort_heaviest_first(std::vector<std::int64_t>& ids, int width) {
     const auto& t = alone(width);
-    std::stable_sort(ids.begin(), ids.end(), [&](std::int64_t x, std::int64_t y) {
+    std::sort(ids.begin(), ids.end(), [&](std::int64_t x, std::int64_t y) {  // a total order: ids are distinct
       const double tx = t[static_cast<std::size_t>(x)], ty = t[static_cast<std::size_t>(y)];
       return tx > ty || (tx == ty && x < y);
     });
   }
 
   /// A microbatch of a unit, split into two rings on the halves of its ranks (recursively) while that makes it
-  /// faster: its sequences, heaviest first, each to the half it slows least. Adds the rings to `out` and returns
-  /// the slowest one's time.
-  double split(std::vector<std::int64_t> ids, int start, int width, std::vector<Group>& out);
+  /// faster: its sequences, heaviest first, each to the half it slows least. Returns the slowest ring's time and,
+  /// when `out` is given, adds the rings to it. Reorders `ids`; `depth` picks the scratch for the halves.
+  double split(std::vector<std::int64_t>& ids, std::size_t depth, int start, int width, std::vector<Group>* out);
+  /// A packing's microbatches as rings (ranks counted from the unit's first): the chosen count's only.
+  std::vector<std::vector<Group>> groups(Packed& p, int width) {
+    std::vector<std::vector<Group>> mbs(p.bins.size());
+    for (std::size_t j = 0; j < p.bins.size(); ++j) split(p.bins[j], 0, 0, width, &mbs[j]);
+    return mbs;
+  }
 
   const Batch& batch_;
   const Cluster& cluster_;
@@ -103,7 +111,8 @@ class Units {
   int step_;  // counts are multiples of it (pp under interleaving)
   int m_max_;
   std::map<int, std::vector<double>> alone_;
-  std::vector<GroupStats> one_;  // each sequence's stats alone
+  std::vector<GroupStats> one_;                                  // each sequence's stats alone
+  std::vector<std::array<std::vector<std::int64_t>, 2>> parts_;  // split's halves, by depth (a unit is < 2^64 ranks)
   OneFOneBScratch scratch_;
 };
 
@@ -122,40 +131,53 @@ Packed Units::pack(const std::vector<std::int64_t>& ids, int width, int m) {
   std::vector<double> time(M, 0.0);
   std::vector<std::vector<std::int64_t>> bins(M);
   // Adding a sequence of s tokens raises a group's time by at least its linear work linear_coef s / width (every
-  // other term only grows, and the overlap hides at most the added attention), so a microbatch whose room less that
-  // cannot beat the best so far is skipped (with a margin far above rounding): the same choices, fewer pricings.
-  std::vector<double> room(M);
-  for (std::size_t j = 0; j < M; ++j) room[j] = profile[j] * S / m;
+  // other term only grows, and the overlap hides at most the added attention), so a microbatch's time left after it
+  // is at most its slack (room - time) less that. The microbatches are tried in order of slack, largest first, and
+  // the scan stops once even the next slack (with a margin far above rounding) cannot beat the best so far: the same
+  // choice (the most time left, ties to the lowest index) for far fewer pricings.
+  std::vector<double> room(M), slack(M);
+  for (std::size_t j = 0; j < M; ++j) room[j] = slack[j] = profile[j] * S / m;
+  const double margin = 1e-9 * (*std::max_element(room.begin(), room.end()) + 1.0);
+  std::vector<std::size_t> order(M);  // by slack, largest first (ties: lower index first)
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return slack[x] > slack[y]; });
   for (std::int64_t id : ids) {
     const auto i = static_cast<std::size_t>(id);
     const std::int64_t need = rows(i, width);
     const double rise = cost_.linear_coef * static_cast<double>(batch_.lengths[i]) / width;
-    std::size_t best = M;
+    std::size_t best = M, at = M;
     double best_left = 0.0, best_time = 0.0;
-    for (std::size_t j = 0; j < M; ++j) {
-      if (used[j] + need > cap) continue;
+    for (std::size_t k = 0; k < M; ++k) {
+      const std::size_t j = order[k];
       if (best < M) {
-        const double bound = room[j] - time[j] - rise;
-        if (bound + 1e-9 * (std::abs(bound) + std::abs(room[j]) + 1.0) <= best_left) continue;
+        const double bound = slack[j] - rise;
+        if (bound + 1e-9 * std::abs(bound) + margin <= best_left) break;
       }
+      if (used[j] + need > cap) continue;
       GroupStats g = stats[j];
       g.merge(one_[i]);
       const double t = this->time(g, width);
       const double left = room[j] - t;
-      if (best == M || left > best_left) best = j, best_left = left, best_time = t;
+      if (best == M || left > best_left || (left == best_left && j < best))
+        best = j, at = k, best_left = left, best_time = t;
     }
     if (best == M) return {};
     stats[best].merge(one_[i]);
     used[best] += need;
     time[best] = best_time;
     bins[best].push_back(id);
+    slack[best] = room[best] - best_time;
+    auto before = [&](std::size_t x, std::size_t y) { return slack[x] > slack[y] || (slack[x] == slack[y] && x < y); };
+    for (; at + 1 < M && before(order[at + 1], best); ++at) order[at] = order[at + 1];  // back to its place
+    for (; at > 0 && before(best, order[at - 1]); --at) order[at] = order[at - 1];
+    order[at] = best;
   }
   Packed out;
   std::vector<double> times;
   for (std::size_t j = 0; j < M; ++j)
     if (!bins[j].empty()) {
-      out.microbatches.emplace_back();
-      times.push_back(split(std::move(bins[j]), 0, width, out.microbatches.back()));
+      times.push_back(split(bins[j], 0, 0, width, nullptr));
+      out.bins.push_back(std::move(bins[j]));
     }
   if (static_cast<int>(times.size()) % step_ != 0) return {};  // an emptied microbatch breaks the multiple
   out.makespan = one_f_one_b_makespan(times, pp_, cost_.backward_ratio, scratch_);
@@ -187,7 +209,7 @@ Plan Units::run(const std::vector<Unit>& units, std::vector<std::vector<std::int
       double worst = 0.0;
       for (const auto& row : packs) {
         const Packed& p = row[static_cast<std::size_t>(m - 1)];
-        worst = std::max(worst, static_cast<int>(p.microbatches.size()) == m ? p.makespan : kInf);
+        worst = std::max(worst, static_cast<int>(p.bins.size()) == m ? p.makespan : kInf);
       }
       if (worst < best) best = worst, common = m;
     }
@@ -266,7 +288,7 @@ Plan Units::run(const std::vector<Unit>& units, std::vector<std::vector<std::int
   }
   for (std::size_t u = 0; u < U; ++u) {
     if (chosen[u] == 0) continue;
-    auto& mbs = packs[u][static_cast<std::size_t>(chosen[u] - 1)].microbatches;
+    auto mbs = groups(packs[u][static_cast<std::size_t>(chosen[u] - 1)], units[u].width);
     if (plan.microbatches.size() < mbs.size()) plan.microbatches.resize(mbs.size());
     for (std::size_t j = 0; j < mbs.size(); ++j)
       for (Group& g : mbs[j]) {
@@ -277,12 +299,13 @@ Plan Units::run(const std::vector<Unit>& units, std::vector<std::vector<std::int
   return plan;
 }
 
-double Units::split(std::vector<std::int64_t> ids, int start, int width, std::vector<Group>& out) {
+double Units::split(std::vector<std::int64_t>& ids, std::size_t depth, int start, int width, std::vector<Group>* out) {
   if (width % 2 == 0 && ids.size() >= 2) {
     const int half = width / 2;
     const std::int64_t cap = cost_.token_capacity(cluster_);
     sort_heaviest_first(ids, half);
-    std::vector<std::int64_t> part[2];
+    auto& part = parts_.at(depth);
+    part[0].clear(), part[1].clear();
     GroupStats g[2];
     std::int64_t used[2] = {0, 0};  // padded rows per rank of each half
     double t[2] = {0.0, 0.0};
@@ -301,15 +324,17 @@ double Units::split(std::vector<std::int64_t> ids, int start, int width, std::ve
       used[k] += rows(i, half);
     }
     if (ok && !part[1].empty() && std::max(t[0], t[1]) < time(sum_stats(one_, ids), width) - 1e-12) {
-      const double a = split(std::move(part[0]), start, half, out);
-      return std::max(a, split(std::move(part[1]), start + half, half, out));
+      const double a = split(part[0], depth + 1, start, half, out);
+      return std::max(a, split(part[1], depth + 1, start + half, half, out));
     }
   }
   std::sort(ids.begin(), ids.end());
   const double t = time(sum_stats(one_, ids), width);
-  std::vector<int> ranks(static_cast<std::size_t>(width));
-  std::iota(ranks.begin(), ranks.end(), start);
-  out.push_back({std::move(ranks), std::move(ids)});
+  if (out) {
+    std::vector<int> ranks(static_cast<std::size_t>(width));
+    std::iota(ranks.begin(), ranks.end(), start);
+    out->push_back({std::move(ranks), ids});
+  }
   return t;
 }
 
