@@ -252,7 +252,7 @@ Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& clust
 }
 
 Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cluster, const CostModel& cost,
-                     const PlanOptions& options) {
+                     const PlanOptions& options, const ParallelFor& parallel) {
   const std::vector<Group> groups = flatten(plan);
   const auto P = static_cast<std::size_t>(cluster.num_ranks);
   const std::vector<double> time = group_times(groups, batch, cluster, cost);
@@ -312,8 +312,26 @@ Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cl
   constexpr int kBudget = 96;  // scorings
   // Per class: candidate permutations, fastest first (the class's slowest list time; the first is the identity).
   std::vector<std::vector<std::vector<std::size_t>>> cands(classes.size());
-  for (std::size_t ci = 0; ci < classes.size(); ++ci)
-    cands[ci] = class_candidates(classes[ci].ranks, lists, time, list_time);
+  std::vector<std::size_t> longest_first(classes.size());  // the longest lists (the most permutations) first
+  std::iota(longest_first.begin(), longest_first.end(), std::size_t{0});
+  std::stable_sort(longest_first.begin(), longest_first.end(), [&](std::size_t a, std::size_t b) {
+    return lists[classes[a].ranks[0]].size() > lists[classes[b].ranks[0]].size();
+  });
+  auto find = [&](std::size_t k) {
+    const std::size_t ci = longest_first[k];
+    std::vector<double> xs;  // this task's own list_time buffers
+    OneFOneBScratch own;
+    auto own_time = [&](const std::vector<std::size_t>& list, const std::vector<std::size_t>& perm) {
+      xs.clear();
+      for (std::size_t j : perm) xs.push_back(time[list[j]]);
+      return one_f_one_b_makespan(xs, options.pp, cost.backward_ratio, own);
+    };
+    cands[ci] = class_candidates(classes[ci].ranks, lists, time, own_time);
+  };
+  if (parallel)
+    parallel(classes.size(), find);
+  else
+    for (std::size_t k = 0; k < classes.size(); ++k) find(k);
   // Scores the plan with class ci at candidate pick[ci]; keeps it when it lowers *t.
   std::vector<std::size_t> pick(classes.size(), 0);
   int spent = 0;

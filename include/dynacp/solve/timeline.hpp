@@ -1,6 +1,7 @@
 // Building plans as per-rank timelines: groups are appended in the order each rank runs them; a group starts
 // when all its ranks are free. to_plan() assigns slots so that the evaluator reproduces the same start times.
 #pragma once
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -58,6 +59,9 @@ std::optional<Plan> best_of(std::vector<Plan> candidates, const Batch& batch, co
 /// that shares ranks with that rank's rings (what they wait for) before another ring on its ranks or after their
 /// last. The score decides (first improvement, at most 64 scorings). Returns the plan unchanged (same slots) when no
 /// move lowers the score, else the moved order laid out anew. Every rank keeps its groups and its microbatch count.
+/// Runs f(i) for every i in [0, n), possibly on several threads; callers keep each result in its own slot.
+using ParallelFor = std::function<void(std::size_t n, const std::function<void(std::size_t)>& f)>;
+
 Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& cluster, const CostModel& cost,
                    const PlanOptions& options);
 
@@ -67,8 +71,9 @@ Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& clust
 /// slowest 1F1B list (one_f_one_b_makespan; every permutation up to 7 places, else first-improvement moves). The
 /// lists are merged back into one global order (none when the new lists order two shared groups both ways) and the
 /// simulator decides: first every class at its best at once, then one class at a time through its candidates, at
-/// most 96 scorings. Every rank keeps its groups and microbatch count.
+/// most 96 scorings. Every rank keeps its groups and microbatch count. `parallel` (optional) runs the classes'
+/// candidate searches, which are independent, on several threads; the plan does not depend on it.
 Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cluster, const CostModel& cost,
-                     const PlanOptions& options);
+                     const PlanOptions& options, const ParallelFor& parallel = {});
 
 }  // namespace dynacp::solve

@@ -33,45 +33,88 @@ Runner::Runner(int threads, std::function<void()> check, double time_limit_s)
 
 bool Runner::expired() const { return has_deadline_ && std::chrono::steady_clock::now() >= deadline_; }
 
-void Runner::for_each(std::size_t n, const std::function<void(std::size_t)>& f) {
-  std::vector<std::exception_ptr> errors(n);
+struct Runner::Batch {
+  std::size_t n;
+  const std::function<void(std::size_t)>& f;
+  std::vector<std::exception_ptr> errors;
   std::atomic<std::size_t> next{0};
   std::atomic<bool> stop{false}, skipped{false};
-  auto work = [&](bool caller) {
-    for (;;) {
-      if (stop.load()) return;
-      if (caller) check();  // may throw (an interrupt): the caller's catch below stops the others
-      if (expired()) {
-        skipped = true;
-        return;
-      }
-      const std::size_t i = next.fetch_add(1);
-      if (i >= n) return;
-      try {
-        f(i);
-      } catch (...) {
-        errors[i] = std::current_exception();
-        stop = true;
-      }
-    }
-  };
-  if (n == 0) return;
-  const std::size_t helpers = std::min(static_cast<std::size_t>(threads_ - 1), n - 1);
-  std::exception_ptr interrupt;
+};
+
+Runner::~Runner() {
   {
-    std::vector<std::jthread> pool;
-    for (std::size_t k = 0; k < helpers; ++k) pool.emplace_back([&] { work(false); });
-    try {
-      work(true);
-    } catch (...) {
-      interrupt = std::current_exception();
-      stop = true;
+    const std::lock_guard lock(mutex_);
+    closing_ = true;
+  }
+  wake_.notify_all();
+}
+
+void Runner::work(Batch& b, bool caller) {
+  for (;;) {
+    if (b.stop.load()) return;
+    if (caller) check();  // may throw (an interrupt): for_each's catch stops the others
+    if (expired()) {
+      b.skipped = true;
+      return;
     }
-  }  // joins
+    const std::size_t i = b.next.fetch_add(1);
+    if (i >= b.n) return;
+    try {
+      b.f(i);
+    } catch (...) {
+      b.errors[i] = std::current_exception();
+      b.stop = true;
+    }
+  }
+}
+
+void Runner::serve() {
+  std::uint64_t seen = 0;
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [&] { return closing_ || generation_ != seen; });
+    if (closing_) return;
+    seen = generation_;
+    if (!batch_) continue;  // that batch already ended
+    Batch& b = *batch_;
+    ++busy_;
+    lock.unlock();
+    work(b, false);
+    lock.lock();
+    if (--busy_ == 0) idle_.notify_all();
+  }
+}
+
+void Runner::for_each(std::size_t n, const std::function<void(std::size_t)>& f) {
+  if (n == 0) return;
+  Batch b{n, f, std::vector<std::exception_ptr>(n)};
+  const bool helped = threads_ > 1 && n > 1;
+  if (helped) {
+    {
+      const std::lock_guard lock(mutex_);
+      if (pool_.empty())
+        for (int k = 1; k < threads_; ++k) pool_.emplace_back([this] { serve(); });
+      batch_ = &b;
+      ++generation_;
+    }
+    wake_.notify_all();
+  }
+  std::exception_ptr interrupt;
+  try {
+    work(b, true);
+  } catch (...) {
+    interrupt = std::current_exception();
+    b.stop = true;
+  }
+  if (helped) {  // no helper joins from now on; wait for the ones inside
+    std::unique_lock lock(mutex_);
+    batch_ = nullptr;
+    idle_.wait(lock, [&] { return busy_ == 0; });
+  }
   if (interrupt) std::rethrow_exception(interrupt);
-  for (const auto& e : errors)
+  for (const auto& e : b.errors)
     if (e) std::rethrow_exception(e);
-  if (skipped) cut_short_ = true;
+  if (b.skipped) cut_short_ = true;
 }
 
 std::vector<TargetRule> SearchContext::targets_at(double scale) const {
@@ -115,6 +158,17 @@ std::vector<CountRule> SearchContext::count_rules(const Plan& p) const {
   rules.push_back({CountRule::Exactly, median});
   if (most != median) rules.push_back({CountRule::Exactly, most});
   return rules;
+}
+
+std::vector<std::vector<std::pair<std::size_t, int>>> SearchContext::ring_sets(const std::vector<RingQuery>& queries) {
+  std::vector<std::vector<std::pair<std::size_t, int>>> out(queries.size());
+  std::vector<char> done(queries.size(), 0);
+  run.for_each(queries.size(), [&](std::size_t i) {
+    out[i] = b.ring_set(queries[i].target, queries[i].mu, queries[i].tile), done[i] = 1;
+  });
+  for (std::size_t i = 0; i < queries.size(); ++i)  // past the time limit for_each skips tasks: complete them here
+    if (!done[i]) out[i] = b.ring_set(queries[i].target, queries[i].mu, queries[i].tile);
+  return out;
 }
 
 void SearchContext::run_jobs(const std::vector<Job>& jobs) {
@@ -326,7 +380,8 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     Plan out = std::move(candidates[best].plan);
     if (options.pp > 1) {
       double t = scores[best];
-      out = reorder_classes(std::move(out), &t, batch, cluster, cost, options);
+      out = reorder_classes(std::move(out), &t, batch, cluster, cost, options,
+                            [&all](std::size_t n, const std::function<void(std::size_t)>& f) { all.for_each(n, f); });
       out = reorder_rings(std::move(out), t, batch, cluster, cost, options);
       lap("class and ring order polish of the winner");
     }

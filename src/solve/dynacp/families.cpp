@@ -118,13 +118,21 @@ Pipe spec_of(const TargetRule& target, double mu, bool align, bool tile = false)
 void walk(SearchContext& c, const std::vector<double>& mus, const std::vector<TargetRule>& seed,
           const std::vector<TargetRule>& targets, std::vector<bool> tiles, std::size_t family, bool trial,
           bool extra_trial) {
+  std::vector<SearchContext::RingQuery> queries;  // every ring set the walk compares, in the loops' order
+  for (double mu : mus)
+    for (bool tile : tiles) {
+      for (const auto& t : seed) queries.push_back({t, mu, tile});
+      for (const auto& target : targets) queries.push_back({target, mu, tile});
+    }
+  const auto sets = c.ring_sets(queries);
+  std::size_t q = 0;
   std::vector<Job> jobs;
   for (double mu : mus) {
     for (bool tile : tiles) {
       std::set<RingSet> seen;
-      for (const auto& t : seed) seen.insert(c.b.ring_set(t, mu, tile));
+      for (std::size_t k = 0; k < seed.size(); ++k) seen.insert(sets[q++]);
       for (const auto& target : targets) {
-        if (!seen.insert(c.b.ring_set(target, mu, tile)).second) continue;
+        if (!seen.insert(sets[q++]).second) continue;
         for (bool align : {false, true})
           jobs.push_back({spec_of(target, mu, align, tile), family, trial, extra_trial && !tile});
       }
@@ -254,13 +262,19 @@ void interleaved_walk(SearchContext& c) {
   auto targets = c.targets_at(c.lb_alt);
   const std::size_t plain_n = targets.size();
   for (const auto& t : extra_rules(c)) targets.push_back(t);
+  std::vector<SearchContext::RingQuery> queries;  // every ring set compared below, in the loops' order
+  for (int k = 0; k < c.tune.mu_grid; ++k)
+    for (const auto& target : targets)
+      for (bool tile : {false, true}) queries.push_back({target, c.mu_at(c.lb_alt, k), tile});
+  const auto sets = c.ring_sets(queries);
+  std::size_t q = 0;
   std::vector<Job> jobs;
   for (int k = 0; k < c.tune.mu_grid; ++k) {
     const double mu = c.mu_at(c.lb_alt, k);
     std::set<RingSet> seen[2];
     for (std::size_t i = 0; i < targets.size(); ++i)
       for (bool tile : {false, true}) {
-        if (!seen[tile ? 1 : 0].insert(c.b.ring_set(targets[i], mu, tile)).second) continue;
+        if (!seen[tile ? 1 : 0].insert(sets[q++]).second) continue;
         for (bool align : {false, true})
           jobs.push_back({spec_of(targets[i], mu, align, tile), me, false, i >= plain_n && !tile});
       }
@@ -277,12 +291,17 @@ void breakpoint(SearchContext& c) {
   for (const auto& [t, mu] : c.extra_trials)
     if (static_cast<int>(mus.size()) < c.tune.break_mus && std::find(mus.begin(), mus.end(), mu) == mus.end())
       mus.push_back(mu);
+  std::vector<SearchContext::RingQuery> queries;  // every ring set compared below, in the loops' order
+  for (double mu : mus)
+    for (double target : c.breaks) queries.push_back({{TargetRule::Seconds, target}, mu, false});
+  const auto sets = c.ring_sets(queries);
+  std::size_t q = 0;
   std::vector<Job> jobs;
   for (double mu : mus) {
     std::set<RingSet> seen;
     for (double target : c.breaks) {
       const TargetRule rule{TargetRule::Seconds, target};
-      if (!seen.insert(c.b.ring_set(rule, mu, false)).second) continue;
+      if (!seen.insert(sets[q++]).second) continue;
       for (bool align : {false, true}) jobs.push_back({spec_of(rule, mu, align), family_index("breakpoint")});
     }
   }

@@ -3,9 +3,13 @@
 #pragma once
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "builder.hpp"
@@ -16,12 +20,17 @@ namespace dynacp::solve::dyn {
 
 /// Runs independent tasks on a few threads; results are stored by index, so the outcome does not depend on the
 /// thread count. The calling thread takes part and alone runs the interrupt check (PlanOptions::check_interrupt,
-/// which may throw) between its tasks; past the deadline no new task starts (Runner::expired).
+/// which may throw) between its tasks; past the deadline no new task starts (Runner::expired). The helper threads
+/// start with the first for_each of two or more tasks and wait between calls (starting a thread costs about as much
+/// as a list build); the destructor stops them.
 class Runner {
  public:
   Runner(int threads, std::function<void()> check, double time_limit_s);
-  /// Calls f(i) for every i in [0, n) unless the deadline passes first; returns how many ran (a prefix is not
-  /// guaranteed: callers keep each task's result in its own slot and skip the ones that did not run).
+  ~Runner();
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+  /// Calls f(i) for every i in [0, n) unless the deadline passes first (callers keep each task's result in its own
+  /// slot and skip the ones that did not run); returns once no thread runs f any more.
   void for_each(std::size_t n, const std::function<void(std::size_t)>& f);
   bool expired() const;
   /// The time limit's instant (time_point::max() when there is none).
@@ -35,11 +44,21 @@ class Runner {
   }
 
  private:
+  struct Batch;                      // one for_each's tasks and outcome
+  void work(Batch& b, bool caller);  // runs b's tasks until none is left (or stop, or the deadline)
+  void serve();                      // a helper thread: joins each new batch until the destructor
   int threads_;
   std::function<void()> check_;
   bool has_deadline_;
   std::chrono::steady_clock::time_point deadline_;
   bool cut_short_ = false;
+  std::mutex mutex_;
+  std::condition_variable wake_, idle_;
+  Batch* batch_ = nullptr;  // the running for_each's batch (helpers may join it), else null
+  std::uint64_t generation_ = 0;
+  int busy_ = 0;  // helpers inside the current batch
+  bool closing_ = false;
+  std::vector<std::jthread> pool_;  // last: destroyed (joined) first
 };
 
 /// One scored candidate kept for the final choice.
@@ -101,6 +120,13 @@ struct SearchContext {
   /// nearest multiple of pp (interleaving with variable counts), then the median's and the largest count, rounded up
   /// to the step (pp under vpp > 1), the smaller first.
   std::vector<CountRule> count_rules(const Plan& p) const;
+  /// The ring sets (Builder::ring_set) of (rule, mu, tile) queries, computed in parallel, in query order.
+  struct RingQuery {
+    TargetRule target;
+    double mu;
+    bool tile;
+  };
+  std::vector<std::vector<std::pair<std::size_t, int>>> ring_sets(const std::vector<RingQuery>& queries);
   /// Builds and scores the jobs (in parallel), then pools the results in job order.
   void run_jobs(const std::vector<Job>& jobs);
   /// Keeps a scored plan in its family's pool (bounded by the family's places; ties keep the earlier).
