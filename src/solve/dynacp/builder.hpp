@@ -144,8 +144,10 @@ class Builder {
   /// The rings (sequence, degree) pipelined() builds for this rule: all that a build's target changes.
   std::vector<std::pair<std::size_t, int>> ring_set(const TargetRule& target, double mu, bool tile) const;
   Plan pipelined(const Pipe& spec, int pp) const;
-  /// Shelf layouts of the giants for pipelined plans (pipelined_shelves.cpp).
-  std::vector<std::vector<Ring>> pipelined_shelves(int pp, std::size_t keep, std::size_t drop = 0) const;
+  /// Shelf layouts of the giants for pipelined plans (pipelined_shelves.cpp). `parallel` (optional) searches the
+  /// full shelves and each column width on several threads; the layouts do not depend on it.
+  std::vector<std::vector<Ring>> pipelined_shelves(int pp, std::size_t keep, std::size_t drop = 0,
+                                                   const ParallelFor& parallel = {}) const;
 
  private:
   friend struct PipelinedBuild;

@@ -204,9 +204,12 @@ void SearchContext::run_jobs(const std::vector<Job>& jobs) {
 const std::vector<std::vector<Ring>>& SearchContext::layouts(std::size_t drop) {
   auto it = shelf_layouts.find(drop);
   if (it == shelf_layouts.end())
-    it =
-        shelf_layouts.emplace(drop, b.pipelined_shelves(options.pp, static_cast<std::size_t>(tune.shelf_layouts), drop))
-            .first;
+    it = shelf_layouts
+             .emplace(drop, b.pipelined_shelves(options.pp, static_cast<std::size_t>(tune.shelf_layouts), drop,
+                                                [this](std::size_t n, const std::function<void(std::size_t)>& f) {
+                                                  run.for_each(n, f);
+                                                }))
+             .first;
   return it->second;
 }
 

@@ -12,9 +12,9 @@
 // to a count where the data allows; lead microbatches may run before a rank's first ring.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <optional>
-#include <queue>
 #include <set>
 #include <tuple>
 
@@ -130,19 +130,16 @@ struct PipelinedBuild {
   // S and M are refreshed from the sum and the maximum over its earlier bins (kept as bins close), in refresh()'s
   // order of additions: the same values, without a pass over every bin per sequence.
   void pack_shorts(const std::vector<std::size_t>& shorts) {
-    using Item = std::pair<double, int>;
-    std::priority_queue<Item, std::vector<Item>, std::greater<>> heap;
     std::vector<double> closed_s(ring_s), closed_m(ring_m);  // over each rank's bins but its last
     for (int r = 0; r < P; ++r) {
       const auto u = static_cast<std::size_t>(r);
       for (std::size_t j = 0; j + 1 < bins[u].size(); ++j)
         closed_s[u] += bin_time(bins[u][j]), closed_m[u] = std::max(closed_m[u], bin_time(bins[u][j]));
-      heap.push({est(u), r});
     }
+    LeastEstimate least(*this);
     for (std::size_t i : shorts) {
       const Seq& q = b.seqs_[i];
-      const auto r = static_cast<std::size_t>(heap.top().second);
-      heap.pop();
+      const std::size_t r = least.top();
       auto& rb = bins[r];
       if (rb.empty() || rb.back().rows + q.rows1 > b.cap_ || bin_time(rb.back()) + q.work > spec.mu) {
         if (!rb.empty()) closed_s[r] += bin_time(rb.back()), closed_m[r] = std::max(closed_m[r], bin_time(rb.back()));
@@ -150,9 +147,33 @@ struct PipelinedBuild {
       }
       b.add_to(rb.back(), i);
       S[r] = closed_s[r] + bin_time(rb.back()), M[r] = std::max(closed_m[r], bin_time(rb.back()));
-      heap.push({est(r), static_cast<int>(r)});
+      least.update(r);
     }
   }
+
+  // The rank with the least estimate (ties: the lowest rank) as a tournament tree over the ranks: one pass up the
+  // tree per changed estimate, the same choice a heap of (estimate, rank) pairs makes.
+  struct LeastEstimate {
+    const PipelinedBuild& pb;
+    std::size_t leaves = 1;
+    std::vector<double> key;        // per leaf: its rank's estimate (infinite past the last rank)
+    std::vector<std::size_t> node;  // per tree node (1-based): the leaf with the least key below it
+    explicit LeastEstimate(const PipelinedBuild& build) : pb(build) {
+      const auto n = static_cast<std::size_t>(pb.P);
+      while (leaves < n) leaves *= 2;
+      key.assign(leaves, std::numeric_limits<double>::infinity());
+      node.assign(2 * leaves, 0);
+      for (std::size_t r = 0; r < n; ++r) key[r] = pb.est(r);
+      for (std::size_t l = 0; l < leaves; ++l) node[leaves + l] = l;
+      for (std::size_t v = leaves - 1; v >= 1; --v) node[v] = pick(node[2 * v], node[2 * v + 1]);
+    }
+    std::size_t pick(std::size_t a, std::size_t b) const { return key[b] < key[a] ? b : a; }  // a < b: ties to a
+    std::size_t top() const { return node[1]; }
+    void update(std::size_t r) {
+      key[r] = pb.est(r);
+      for (std::size_t v = (leaves + r) / 2; v >= 1; v /= 2) node[v] = pick(node[2 * v], node[2 * v + 1]);
+    }
+  };
 
   // 3. move one sequence from the rank with the largest estimate to the rank with the smallest; false if none helps
   bool move_once() {

@@ -91,9 +91,11 @@ struct ShelfSearch {
   void offer(const std::vector<Ring>& rings) {
     if (keep == 0) return;
     const bool full = top.size() == keep;
-    const double cutoff = full ? top.back().first : std::numeric_limits<double>::infinity();
-    const double t = score(rings, cutoff);
-    if (full && !(t < cutoff)) return;
+    admit(score(rings, full ? top.back().first : std::numeric_limits<double>::infinity()), rings);
+  }
+  // offer() of a layout whose score `t` is known (or, when above the worst kept, known to be so).
+  void admit(double t, const std::vector<Ring>& rings) {
+    if (top.size() == keep && !(t < top.back().first)) return;
     auto at = std::upper_bound(top.begin(), top.end(), t, [](double v, const auto& e) { return v < e.first; });
     // a repeat has the same score, so it sits among the equal scores just before `at`
     for (auto it = at; it != top.begin() && std::prev(it)->first == t; --it)
@@ -150,7 +152,8 @@ struct ShelfSearch {
   }
 };
 
-std::vector<std::vector<Ring>> Builder::pipelined_shelves(int pp, std::size_t keep, std::size_t drop) const {
+std::vector<std::vector<Ring>> Builder::pipelined_shelves(int pp, std::size_t keep, std::size_t drop,
+                                                          const ParallelFor& parallel) const {
   const int P = cluster_.num_ranks, rpn = cluster_.ranks_per_node;
   ShelfSearch s{*this, pp, P, std::max(1, P / tuning_.shelf_stride_ranks), keep, {}, {}, {}, {}, {}, {}, {}};
   for (std::size_t i : order_)
@@ -166,12 +169,29 @@ std::vector<std::vector<Ring>> Builder::pipelined_shelves(int pp, std::size_t ke
   std::iota(all.begin(), all.end(), std::size_t{0});
   int crowd = 0;
   for (std::size_t g = 0; g < n; ++g) crowd += s.least(g);
-  if (crowd > P) s.shelve(all, 0, P, {});
   const std::vector<std::size_t> rest(all.begin() + 1, all.end());
   int widest = 0;  // beside the column, the others need at least their widest least degree
   for (std::size_t g : rest) widest = std::max(widest, s.least(g));
-  for (int w = s.least(0); P - w >= widest; w += s.stride)
-    s.shelve(rest, w, P - w, {Ring{s.giants[0], w, s.T[0][w], 0}});
+  // The searches in order: the full shelves (width 0 here), then a column of each width. Each keeps its own best
+  // layouts; offering them to one list in search order, each search's best first, keeps what one search over all
+  // would: a stable sort of every layout, repeats skipped (a layout outside its own search's best is outside all).
+  std::vector<int> widths;
+  if (crowd > P) widths.push_back(0);
+  for (int w = s.least(0); P - w >= widest; w += s.stride) widths.push_back(w);
+  std::vector<ShelfSearch> parts(widths.size(), s);
+  auto search = [&](std::size_t k) {
+    const int w = widths[k];
+    if (w == 0)
+      parts[k].shelve(all, 0, P, {});
+    else
+      parts[k].shelve(rest, w, P - w, {Ring{s.giants[0], w, s.T[0][w], 0}});
+  };
+  if (parallel)
+    parallel(widths.size(), search);
+  else
+    for (std::size_t k = 0; k < widths.size(); ++k) search(k);
+  for (const auto& part : parts)
+    for (const auto& [t, rings] : part.top) s.admit(t, rings);
   return s.best();
 }
 
