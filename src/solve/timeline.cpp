@@ -4,6 +4,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <thread>
 
 #include "dynacp/model/error.hpp"
 #include "dynacp/solve/evaluate.hpp"
@@ -90,6 +91,40 @@ std::vector<double> group_times(const std::vector<Group>& groups, const Batch& b
   for (std::size_t i = 0; i < groups.size(); ++i) time[i] = cost.group_time(groups[i], batch, cluster);
   return time;
 }
+// The first improving move of a sequence, with the moves scored `width` at a time on `parallel`: eval(i) scores move
+// i against the current state without changing it (-1: no move after all, not counted; 0: counted, no better; 1:
+// counted, better). The moves are then read in order as a loop scoring one at a time would: each counted one spends
+// one of `budget`, and the first better one is returned (npos when none, or the budget ran out first). Moves scored
+// past it are wasted, at most width - 1 per call.
+// How many moves a polish scores at once: the solve's threads.
+std::size_t polish_width(const PlanOptions& options) {
+  const int n = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
+  return static_cast<std::size_t>(std::max(1, n));
+}
+
+template <class Eval>
+std::size_t first_improvement(std::size_t n, std::size_t width, const ParallelFor& parallel, int& spent, int budget,
+                              Eval&& eval) {
+  constexpr std::size_t npos = static_cast<std::size_t>(-1);
+  std::vector<int> res;
+  for (std::size_t lo = 0; lo < n && spent < budget; lo += width) {
+    const std::size_t m = std::min(width, n - lo);
+    res.assign(m, -1);
+    auto one = [&](std::size_t j) { res[j] = eval(lo + j); };
+    if (parallel && m > 1)
+      parallel(m, one);
+    else
+      for (std::size_t j = 0; j < m; ++j) one(j);
+    for (std::size_t j = 0; j < m; ++j) {
+      if (spent >= budget) return npos;
+      if (res[j] < 0) continue;
+      ++spent;
+      if (res[j] > 0) return lo + j;
+    }
+  }
+  return npos;
+}
+
 // The candidate permutations of one rank class's lists (all `ranks` run lists of one length), fastest first by the
 // class's slowest list time, the identity first: every permutation up to 7 microbatches, else a move search from the
 // identity; the best few below the identity are kept. list_time(list, perm) is a list's 1F1B time in perm's order.
@@ -157,7 +192,7 @@ std::vector<std::vector<std::size_t>> class_candidates(const std::vector<std::si
 }  // namespace
 
 Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& cluster, const CostModel& cost,
-                   const PlanOptions& options) {
+                   const PlanOptions& options, const ParallelFor& parallel) {
   const std::vector<Group> groups = flatten(plan);
   const std::vector<double> time = group_times(groups, batch, cluster, cost);
   const auto P = static_cast<std::size_t>(cluster.num_ranks);
@@ -179,40 +214,51 @@ Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& clust
   std::iota(order.begin(), order.end(), std::size_t{0});
   constexpr int kBudget = 64;
   constexpr std::size_t npos = static_cast<std::size_t>(-1);
+  const std::size_t width = parallel ? polish_width(options) : 1;
   int spent = 0;
   bool moved_any = false;
-  for (bool better = true; better && spent < kBudget;) {
-    better = false;
-    const auto lists = rank_lists(order);
-    std::size_t crit = 0;
-    double worst = -1.0;
-    for (std::size_t r = 0; r < P; ++r)
-      if (const double m = list_time(lists[r]); m > worst) worst = m, crit = r;
-    const std::vector<std::size_t>& list = lists[crit];
-    // Scores `order` with group g moved right before group h (h == npos: right after group `last`).
-    auto attempt = [&](std::size_t g, std::size_t h, std::size_t last) {
+  // A move: group g right before group h (h == npos: right after group `last`).
+  struct Move {
+    std::size_t g, h, last;
+  };
+  // Tries the moves in order (scored `width` at a time) and keeps the first that lowers t.
+  auto first_better = [&](const std::vector<Move>& moves) {
+    std::vector<std::pair<double, std::vector<std::size_t>>> trials(moves.size());
+    const std::size_t hit = first_improvement(moves.size(), width, parallel, spent, kBudget, [&](std::size_t i) {
+      const auto [g, h, last] = moves[i];
       std::vector<std::size_t> next = order;
       next.erase(std::find(next.begin(), next.end(), g));
       next.insert(h != npos ? std::find(next.begin(), next.end(), h) : std::find(next.begin(), next.end(), last) + 1,
                   g);
       Plan trial;
       trial.strategy = plan.strategy, trial.num_ranks = plan.num_ranks, trial.microbatches = layout(next);
-      ++spent;
-      if (const double s = score(trial, batch, cluster, cost, options); s < t - 1e-12)
-        t = s, order = std::move(next), better = moved_any = true;
-    };
+      trials[i] = {score(trial, batch, cluster, cost, options), std::move(next)};
+      return trials[i].first < t - 1e-12 ? 1 : 0;
+    });
+    if (hit == npos) return false;
+    t = trials[hit].first, order = std::move(trials[hit].second), moved_any = true;
+    return true;
+  };
+  for (bool better = true; better && spent < kBudget;) {
+    const auto lists = rank_lists(order);
+    std::size_t crit = 0;
+    double worst = -1.0;
+    for (std::size_t r = 0; r < P; ++r)
+      if (const double m = list_time(lists[r]); m > worst) worst = m, crit = r;
+    const std::vector<std::size_t>& list = lists[crit];
     // the critical rank's rings, where the move shortens its list
-    for (std::size_t a = 0; a < list.size() && !better && spent < kBudget; ++a) {
+    std::vector<Move> moves;
+    for (std::size_t a = 0; a < list.size(); ++a) {
       if (groups[list[a]].degree() < 2) continue;
-      for (std::size_t b = 0; b <= list.size() && !better && spent < kBudget; ++b) {
+      for (std::size_t b = 0; b <= list.size(); ++b) {
         if (b == a || b == a + 1) continue;  // before itself or its successor: no move
         std::vector<std::size_t> moved = list;
         moved.erase(moved.begin() + static_cast<std::ptrdiff_t>(a));
         moved.insert(moved.begin() + static_cast<std::ptrdiff_t>(b > a ? b - 1 : b), list[a]);
-        if (list_time(moved) < worst - 1e-12) attempt(list[a], b < list.size() ? list[b] : npos, list.back());
+        if (list_time(moved) < worst - 1e-12) moves.push_back({list[a], b < list.size() ? list[b] : npos, list.back()});
       }
     }
-    if (better) continue;
+    if ((better = first_better(moves))) continue;
     // else the rings that share ranks with its rings (what they wait for), past the rings on their own ranks
     std::vector<char> seen(groups.size(), 0);  // crit's own groups, then the rings already taken
     for (std::size_t i : list) seen[i] = 1;
@@ -224,8 +270,8 @@ Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& clust
             if (groups[j].degree() >= 2 && !seen[j]) seen[j] = 1, near.push_back(j);
     std::sort(near.begin(), near.end());
     std::stable_sort(near.begin(), near.end(), [&](std::size_t x, std::size_t y) { return time[x] > time[y]; });
+    moves.clear();
     for (std::size_t g : near) {
-      if (better || spent >= kBudget) break;
       std::vector<char> on(P, 0);  // g's ranks
       for (int r : groups[g].ranks) on[static_cast<std::size_t>(r)] = 1;
       std::vector<std::size_t> rings;  // the rings on g's ranks, in order
@@ -236,16 +282,17 @@ Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& clust
           rings.push_back(i);
       if (rings.empty()) continue;
       const auto pos_g = std::find(order.begin(), order.end(), g) - order.begin();
-      for (std::size_t b = 0; b <= rings.size() && !better && spent < kBudget; ++b) {
+      for (std::size_t b = 0; b <= rings.size(); ++b) {
         // skip the position that leaves g where it is among these rings
         const auto before = [&](std::size_t k) {
           return std::find(order.begin(), order.end(), rings[k]) - order.begin() < pos_g;
         };
         if ((b < rings.size() && !before(b) && (b == 0 || before(b - 1))) || (b == rings.size() && before(b - 1)))
           continue;
-        attempt(g, b < rings.size() ? rings[b] : npos, rings.back());
+        moves.push_back({g, b < rings.size() ? rings[b] : npos, rings.back()});
       }
     }
+    better = first_better(moves);
   }
   if (moved_any) plan.microbatches = layout(order);
   return plan;
@@ -332,10 +379,16 @@ Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cl
     parallel(classes.size(), find);
   else
     for (std::size_t k = 0; k < classes.size(); ++k) find(k);
-  // Scores the plan with class ci at candidate pick[ci]; keeps it when it lowers *t.
+  // Scores the plan with each class at its candidate choice[ci] into `out` (-1 when the new lists cannot be merged
+  // into one order, else 1 when it lowers *t); first every class at its best at once (rings shared across classes
+  // then move together), then one class at a time through its candidates, the moves scored `width` at a time.
+  struct Trial {
+    double s = 0.0;
+    std::vector<std::size_t> choice;
+    std::vector<std::vector<Group>> microbatches;
+  };
   std::vector<std::size_t> pick(classes.size(), 0);
-  int spent = 0;
-  auto attempt = [&](const std::vector<std::size_t>& choice) {
+  auto eval = [&](const std::vector<std::size_t>& choice, Trial& out) {
     auto next = lists;
     for (std::size_t ci = 0; ci < classes.size(); ++ci)
       for (std::size_t r : classes[ci].ranks) {
@@ -344,32 +397,43 @@ Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cl
         next[r] = std::move(moved);
       }
     const std::vector<std::size_t> order = merge(next);
-    if (order.empty()) return false;
-    ++spent;
+    if (order.empty()) return -1;
     Plan trial;
     trial.strategy = plan.strategy, trial.num_ranks = plan.num_ranks, trial.microbatches = layout(order);
-    if (const double s = score(trial, batch, cluster, cost, options); s < *t - 1e-12) {
-      *t = s, pick = choice, plan.microbatches = std::move(trial.microbatches);
-      return true;
-    }
-    return false;
+    out.s = score(trial, batch, cluster, cost, options), out.choice = choice;
+    out.microbatches = std::move(trial.microbatches);
+    return out.s < *t - 1e-12 ? 1 : 0;
   };
-  // every class at its best list time at once (rings shared across classes then move together), then one class
-  // at a time through its candidates
+  auto keep = [&](Trial& x) { *t = x.s, pick = std::move(x.choice), plan.microbatches = std::move(x.microbatches); };
+  const std::size_t width = parallel ? polish_width(options) : 1;
+  constexpr std::size_t npos = static_cast<std::size_t>(-1);
+  int spent = 0;
   {
     std::vector<std::size_t> all(classes.size(), 0);
     for (std::size_t ci = 0; ci < classes.size(); ++ci) all[ci] = cands[ci].size() > 1 ? 1 : 0;
-    if (all != pick) attempt(all);
+    Trial x;
+    if (all != pick && first_improvement(1, 1, {}, spent, kBudget, [&](std::size_t) { return eval(all, x); }) == 0)
+      keep(x);
   }
   for (bool better = true; better && spent < kBudget;) {
     better = false;
-    for (std::size_t ci = 0; ci < classes.size() && spent < kBudget; ++ci)
-      for (std::size_t k = 0; k < cands[ci].size() && spent < kBudget; ++k) {
-        if (k == pick[ci]) continue;
+    std::size_t from_ci = 0, from_k = 0;  // where the pass goes on after a kept move
+    for (;;) {
+      std::vector<std::pair<std::size_t, std::size_t>> rest;  // the pass's moves left, under the current pick
+      for (std::size_t ci = from_ci; ci < classes.size(); ++ci)
+        for (std::size_t k = ci == from_ci ? from_k : 0; k < cands[ci].size(); ++k)
+          if (k != pick[ci]) rest.push_back({ci, k});
+      std::vector<Trial> trials(rest.size());
+      const std::size_t hit = first_improvement(rest.size(), width, parallel, spent, kBudget, [&](std::size_t i) {
         std::vector<std::size_t> choice = pick;
-        choice[ci] = k;
-        better = attempt(choice) || better;
-      }
+        choice[rest[i].first] = rest[i].second;
+        return eval(choice, trials[i]);
+      });
+      if (hit == npos) break;
+      keep(trials[hit]);
+      better = true;
+      from_ci = rest[hit].first, from_k = rest[hit].second + 1;
+    }
   }
   return plan;
 }

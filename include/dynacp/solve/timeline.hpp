@@ -63,7 +63,7 @@ std::optional<Plan> best_of(std::vector<Plan> candidates, const Batch& batch, co
 using ParallelFor = std::function<void(std::size_t n, const std::function<void(std::size_t)>& f)>;
 
 Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& cluster, const CostModel& cost,
-                   const PlanOptions& options);
+                   const PlanOptions& options, const ParallelFor& parallel = {});
 
 /// Rank-class order polish of a pipelined plan whose score is *t (updated when it improves). Ranks whose lists
 /// have one length and the same rings of degree >= 3 at the same places form a class; one permutation of list

@@ -383,9 +383,11 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     Plan out = std::move(candidates[best].plan);
     if (options.pp > 1) {
       double t = scores[best];
-      out = reorder_classes(std::move(out), &t, batch, cluster, cost, options,
-                            [&all](std::size_t n, const std::function<void(std::size_t)>& f) { all.for_each(n, f); });
-      out = reorder_rings(std::move(out), t, batch, cluster, cost, options);
+      const ParallelFor parallel = [&all](std::size_t n, const std::function<void(std::size_t)>& f) {
+        all.for_each(n, f);
+      };
+      out = reorder_classes(std::move(out), &t, batch, cluster, cost, options, parallel);
+      out = reorder_rings(std::move(out), t, batch, cluster, cost, options, parallel);
       lap("class and ring order polish of the winner");
     }
     out = local_search(std::move(out), batch, cluster, cost, options, tune.local_search, run.deadline());
