@@ -3,12 +3,12 @@ the docs say, and its docs writer replaces only the marked section."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,10 +16,7 @@ SCRIPT = ROOT / "benchmarks" / "gpu_ring.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("gpu_ring", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/gpu_ring.py")
 
 
 def test_packs_hold_the_documented_documents():

@@ -3,23 +3,16 @@ of k * d rows (k = Cluster.seq_pad_multiple), and every strategy keeps a group's
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 from conftest import small_cluster
+from script_loader import load_script
 
 import dynacp
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _padding_check():
-    spec = importlib.util.spec_from_file_location("padding_check", ROOT / "tools" / "padding_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("tools/padding_check.py")
 
 
 def test_rows_by_hand() -> None:

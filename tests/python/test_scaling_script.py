@@ -3,24 +3,18 @@ for the same batch (its digest and predicted step time), and the JSON file holdi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
+from script_loader import load_script
 
 import dynacp
 from dynacp import distributions
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "scaling.py"
-
 
 def _module():
-    spec = importlib.util.spec_from_file_location("scaling", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/scaling.py")
 
 
 def test_rows_name_the_plans_dynacp_returns(tmp_path, monkeypatch, capsys):

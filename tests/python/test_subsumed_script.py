@@ -3,21 +3,16 @@ to exactly one family, and a family's losses only where skipping it made that in
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
-from pathlib import Path
+
+from script_loader import load_script
 
 import dynacp
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "subsumed.py"
-
 
 def _module():
-    spec = importlib.util.spec_from_file_location("subsumed", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/subsumed.py")
 
 
 def test_every_family_has_a_row_and_every_plan_one_family(monkeypatch, capsys):
