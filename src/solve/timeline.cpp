@@ -189,6 +189,34 @@ std::vector<std::vector<std::size_t>> class_candidates(const std::vector<std::si
   for (auto& [w, q] : kept) out.push_back(std::move(q));
   return out;
 }
+// Every class's candidate permutations (class_candidates), each class with its own list_time buffers, the classes
+// with the longest lists (the most permutations) first on `parallel` (serially without one).
+std::vector<std::vector<std::vector<std::size_t>>> all_class_candidates(
+    const std::vector<std::vector<std::size_t>>& class_ranks, const std::vector<std::vector<std::size_t>>& lists,
+    const std::vector<double>& time, int pp, double backward_ratio, const ParallelFor& parallel) {
+  std::vector<std::vector<std::vector<std::size_t>>> cands(class_ranks.size());
+  std::vector<std::size_t> longest_first(class_ranks.size());
+  std::iota(longest_first.begin(), longest_first.end(), std::size_t{0});
+  std::stable_sort(longest_first.begin(), longest_first.end(), [&](std::size_t a, std::size_t b) {
+    return lists[class_ranks[a][0]].size() > lists[class_ranks[b][0]].size();
+  });
+  auto find = [&](std::size_t k) {
+    const std::size_t ci = longest_first[k];
+    std::vector<double> xs;
+    OneFOneBScratch own;
+    auto own_time = [&](const std::vector<std::size_t>& list, const std::vector<std::size_t>& perm) {
+      xs.clear();
+      for (std::size_t j : perm) xs.push_back(time[list[j]]);
+      return one_f_one_b_makespan(xs, pp, backward_ratio, own);
+    };
+    cands[ci] = class_candidates(class_ranks[ci], lists, time, own_time);
+  };
+  if (parallel)
+    parallel(class_ranks.size(), find);
+  else
+    for (std::size_t k = 0; k < class_ranks.size(); ++k) find(k);
+  return cands;
+}
 }  // namespace
 
 Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& cluster, const CostModel& cost,
@@ -358,31 +386,13 @@ Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cl
   auto layout = [&](const std::vector<std::size_t>& order) { return lay_out(groups, order); };
   constexpr int kBudget = 96;  // scorings
   // Per class: candidate permutations, fastest first (the class's slowest list time; the first is the identity).
-  std::vector<std::vector<std::vector<std::size_t>>> cands(classes.size());
-  std::vector<std::size_t> longest_first(classes.size());  // the longest lists (the most permutations) first
-  std::iota(longest_first.begin(), longest_first.end(), std::size_t{0});
-  std::stable_sort(longest_first.begin(), longest_first.end(), [&](std::size_t a, std::size_t b) {
-    return lists[classes[a].ranks[0]].size() > lists[classes[b].ranks[0]].size();
-  });
-  auto find = [&](std::size_t k) {
-    const std::size_t ci = longest_first[k];
-    std::vector<double> xs;  // this task's own list_time buffers
-    OneFOneBScratch own;
-    auto own_time = [&](const std::vector<std::size_t>& list, const std::vector<std::size_t>& perm) {
-      xs.clear();
-      for (std::size_t j : perm) xs.push_back(time[list[j]]);
-      return one_f_one_b_makespan(xs, options.pp, cost.backward_ratio, own);
-    };
-    cands[ci] = class_candidates(classes[ci].ranks, lists, time, own_time);
-  };
-  if (parallel)
-    parallel(classes.size(), find);
-  else
-    for (std::size_t k = 0; k < classes.size(); ++k) find(k);
+  std::vector<std::vector<std::size_t>> class_ranks;
+  for (const Class& c : classes) class_ranks.push_back(c.ranks);
+  const auto cands = all_class_candidates(class_ranks, lists, time, options.pp, cost.backward_ratio, parallel);
   // Scores the plan with each class at its candidate choice[ci] into `out` (-1 when the new lists cannot be merged
   // into one order, else 1 when it lowers *t); first every class at its best at once (rings shared across classes
   // then move together), then one class at a time through its candidates, the moves scored `width` at a time.
-  struct Trial {
+  struct Trial {  // a scored choice and its plan's slots
     double s = 0.0;
     std::vector<std::size_t> choice;
     std::vector<std::vector<Group>> microbatches;
@@ -430,9 +440,7 @@ Plan reorder_classes(Plan plan, double* t, const Batch& batch, const Cluster& cl
         return eval(choice, trials[i]);
       });
       if (hit == npos) break;
-      keep(trials[hit]);
-      better = true;
-      from_ci = rest[hit].first, from_k = rest[hit].second + 1;
+      keep(trials[hit]), better = true, from_ci = rest[hit].first, from_k = rest[hit].second + 1;
     }
   }
   return plan;
