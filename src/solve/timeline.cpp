@@ -97,10 +97,7 @@ std::vector<double> group_times(const std::vector<Group>& groups, const Batch& b
 // one of `budget`, and the first better one is returned (npos when none, or the budget ran out first). Moves scored
 // past it are wasted, at most width - 1 per call.
 // How many moves a polish scores at once: the solve's threads.
-std::size_t polish_width(const PlanOptions& options) {
-  const int n = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
-  return static_cast<std::size_t>(std::max(1, n));
-}
+std::size_t polish_width(const PlanOptions& options) { return static_cast<std::size_t>(options.thread_count()); }
 
 template <class Eval>
 std::size_t first_improvement(std::size_t n, std::size_t width, const ParallelFor& parallel, int& spent, int budget,

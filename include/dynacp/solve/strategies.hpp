@@ -2,6 +2,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dynacp/model/plan.hpp"
@@ -29,6 +30,11 @@ struct PlanOptions {
   /// `dynacp` only: threads that build and score candidates; 0 = the machine's hardware threads. The plan is
   /// bit-identical for every thread count.
   int threads = 0;
+  /// `threads`, with 0 resolved to the hardware threads (at least 1): the one place the solver's thread count is read.
+  int thread_count() const {
+    const int n = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+    return n > 0 ? n : 1;
+  }
   /// `dynacp` only: seconds after which no new candidate is built; the best plan found so far is returned with
   /// Plan::partial set. 0 = no limit.
   double time_limit_s = 0.0;

@@ -336,7 +336,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
   const DynacpTuning& tune = options.tuning;
   tune.validate();
   const Builder b(batch, cluster, cost, tune);
-  const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
+  const int threads = options.thread_count();
   Runner run(threads, options.check_interrupt, options.time_limit_s);
   SearchContext c(b, options, run);
   c.lo = std::max(lower_bound(batch, cluster, cost), 1e-12);
