@@ -4,11 +4,14 @@ properties of the new terms."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
 
 import dynacp.planner as pl
+from dynacp.cli import main
 from dynacp.planner import cli as planner_cli
 from dynacp.planner.efficiency import Efficiency
 from dynacp.planner.memory import _layer_bytes_per_token, in_flight, memory_breakdown, mla_up_proj_params, stage_split
@@ -399,3 +402,98 @@ def test_in_flight_is_pytorchs_interleaved_warm_up() -> None:
             chunks = min(warmup_ops(i, v, n, p, m) + 1, m * v)
             assert in_flight(pl.Layout(1, p, 1, 1, vpp=v), m, i) == pytest.approx(chunks / v), (p, v, m, i)
     assert min(warmup_ops(1, 8, 16, 16, 32) + 1, 256) == 141
+
+
+# ---- elementwise recomputes: Megatron's layernorm and moe_act modules, and the dense activation ----------------------
+
+
+def test_layernorm_and_activation_recompute_drop_exactly_their_outputs() -> None:
+    """Llama 3 405B layer, bf16: 8h + 4h_q + 4h_kv + 6f = 520,192 B per token; 'layernorm' drops the two norm
+    outputs (2 x 2h), 'mlp_act' the SwiGLU output (2f); with FP8 those tensors were 1-byte casts (h, h, f)."""
+    model = pl.model_preset("llama3.1-405b")
+    h, hq, hkv, f = 16384, 16384, 1024, 53248
+
+    def layer(**kw) -> float:
+        k = _layer_bytes_per_token(model, _opts(**kw), 8192)
+        return k["attn"] + k["dense_mlp"]
+
+    assert layer() == 8 * h + 4 * hq + 4 * hkv + 6 * f == 520192
+    assert layer(recompute_layernorm=True) == 520192 - 4 * h
+    assert layer(recompute_mlp_act=True) == 520192 - 2 * f
+    assert layer(recompute_layernorm=True, recompute_mlp_act=True) == 4 * h + 4 * hq + 4 * hkv + 4 * f == 348160
+    fp8 = layer(fp8=True)
+    assert fp8 == 520192 - (2 * h + f)
+    assert layer(fp8=True, recompute_layernorm=True, recompute_mlp_act=True) == fp8 - 2 * h - f
+    # moe_act is the routed experts' only; full recompute keeps each layer's input whatever the modules say;
+    # 'mlp' already keeps only the dense MLP's input, so 'mlp_act' on top changes nothing
+    assert layer(recompute_moe_act=True) == 520192
+    assert layer(recompute_mlp=True, recompute_mlp_act=True) == layer(recompute_mlp=True)
+    batch, lay = pl.BatchConfig(2048, 8192, 1), pl.Layout(8, 16, 1, 64, vpp=8)
+    full = memory_breakdown(model, batch, lay, _opts(recompute="full"), m=32)
+    full_ln = memory_breakdown(model, batch, lay, _opts(recompute="full", recompute_layernorm=True,
+                                                        recompute_mlp_act=True), m=32)
+    assert full_ln.activations == full.activations
+
+
+def test_moe_act_and_layernorm_recompute_on_moe_layers() -> None:
+    """Qwen3-30B-A3B (MoE layers only, top-8 of 128 experts of f_e = 768): 'moe_act' drops the 8 routed copies'
+    activation outputs (2 f_e each, f_e with FP8, times the routing imbalance); 'layernorm' drops the pre-MLP norm
+    output (2h: the router and dispatch input, never an FP8 cast) and the attention norm output."""
+    model = pl.model_preset("qwen3-30b-a3b")
+    h, f_e = 2048, 768
+    base = _layer_bytes_per_token(model, _opts(), 4096)
+    act = _layer_bytes_per_token(model, _opts(recompute_moe_act=True), 4096)
+    assert base["moe_mlp"] - act["moe_mlp"] == 8 * 2 * f_e and act["attn"] == base["attn"]
+    skew = _layer_bytes_per_token(model, _opts(recompute_moe_act=True, moe_imbalance=1.5), 4096)
+    skew0 = _layer_bytes_per_token(model, _opts(moe_imbalance=1.5), 4096)
+    assert skew0["moe_mlp"] - skew["moe_mlp"] == pytest.approx(1.5 * 8 * 2 * f_e)
+    f8 = _layer_bytes_per_token(model, _opts(fp8=True), 4096)
+    f8_act = _layer_bytes_per_token(model, _opts(fp8=True, recompute_moe_act=True), 4096)
+    assert f8["moe_mlp"] - f8_act["moe_mlp"] == 8 * f_e
+    ln = _layer_bytes_per_token(model, _opts(fp8=True, recompute_layernorm=True), 4096)
+    assert f8["moe_mlp"] - ln["moe_mlp"] == 2 * h and f8["attn"] - ln["attn"] == h
+    # the 'moe' module keeps only the layer's input: nothing left for moe_act to drop
+    both = _layer_bytes_per_token(model, _opts(recompute_moe=True, recompute_moe_act=True), 4096)
+    assert both["moe_mlp"] == 2 * h
+
+
+def test_elementwise_recompute_costs_memory_bound_time_not_gemm_time() -> None:
+    """The dropped outputs are produced in the forward and again in the backward: the memory-bound kernels move
+    them once more, the GEMMs and attention are unchanged, and less memory is needed."""
+    model, cluster = pl.model_preset("llama3.1-405b"), h100_cluster(8192)
+    batch, lay = pl.BatchConfig(2048, 8192, 1), pl.Layout(8, 16, 1, 64, vpp=8)
+    base = _opts(optimizer="zero2", allow_uneven_pp=True, max_vpp=8)
+    rec = _opts(optimizer="zero2", allow_uneven_pp=True, max_vpp=8, recompute_layernorm=True, recompute_mlp_act=True)
+    t0, t1 = step_time(model, cluster, batch, lay, base), step_time(model, cluster, batch, lay, rec)
+    assert t1.parts["gemm"] == t0.parts["gemm"] and t1.parts["attention"] == t0.parts["attention"]
+    h, f = 16384, 53248
+    dropped = 4 * h + 2 * f  # bytes per token and layer, before / TP
+    eff = Efficiency()
+    tokens_per_gpu = 8192 / 8
+    assert t1.parts["memory_bound"] - t0.parts["memory_bound"] == pytest.approx(
+        dropped * 8 * tokens_per_gpu / cluster.hbm_bandwidth, rel=1e-9)  # 8 layers on the slowest stage
+    assert eff.elementwise_passes > 0
+    m0, m1 = (memory_breakdown(model, batch, lay, o, m=32) for o in (base, rec))
+    assert m0.activations - m1.activations == pytest.approx(
+        dropped / 8 * 8192 * m0.layers * m0.in_flight, rel=1e-9)
+
+
+def test_recompute_modules_by_megatron_name() -> None:
+    assert pl.recompute_module_options(["core_attn", "mlp", "moe_act"]) == {
+        "recompute_mlp": True, "recompute_moe_act": True}
+    assert pl.recompute_module_options("layernorm") == {"recompute_layernorm": True}
+    with pytest.raises(ValueError, match=r"unknown recompute module\(s\) 'shared_experts'.*not modelled"):
+        pl.recompute_module_options(["mlp", "shared_experts"])
+    args = ["configs", "--model", "llama3-8b", "--cluster", "h100-64", "--gbs", "64", "--tp", "8", "--pp", "1",
+            "--top", "1", "--json"]
+    out = {}
+    for extra in ([], ["--recompute-modules", "layernorm,mlp_act"], ["--recompute-modules", "layernorm", "mlp_act"]):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert main([*args, *extra]) == 0
+        out[" ".join(extra)] = json.loads(buf.getvalue())
+    a, b, c = out.values()
+    assert b["options"]["recompute_layernorm"] and b["options"]["recompute_mlp_act"] and b == c
+    assert b["feasible"][0]["memory"]["activations"] < a["feasible"][0]["memory"]["activations"]
+    assert main([*args, "--recompute", "full", "--recompute-modules", "mlp"]) == 2
+    assert main([*args, "--recompute-modules", "mlp", "attn"]) == 2

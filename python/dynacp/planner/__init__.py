@@ -21,14 +21,22 @@ from dynacp.planner.memory import (
     params_per_gpu,
     stage_split,
 )
-from dynacp.planner.model import BatchConfig, ClusterConfig, Layout, ModelConfig, PlannerOptions
+from dynacp.planner.model import (
+    RECOMPUTE_MODULES,
+    BatchConfig,
+    ClusterConfig,
+    Layout,
+    ModelConfig,
+    PlannerOptions,
+    recompute_module_options,
+)
 from dynacp.planner.presets import cluster_preset, model_preset, preset_names
 from dynacp.planner.timing import TimeBreakdown, bubble_fractions, step_time, tp_message_volume
 
 __all__ = [
     "BatchConfig", "Candidate", "ClusterConfig", "ConfigTable", "Efficiency", "Layout", "MemoryBreakdown",
     "ModelConfig",
-    "ParamCounts", "PlannerOptions", "Row", "TimeBreakdown", "bubble_fractions", "check", "cluster_preset", "configs",
+    "ParamCounts", "PlannerOptions", "RECOMPUTE_MODULES", "Row", "TimeBreakdown", "bubble_fractions", "check", "cluster_preset", "configs",
     "divisors", "enumerate_layouts", "memory_breakdown", "model_preset", "model_warnings", "param_counts",
-    "params_per_gpu", "preset_names", "stage_split", "step_time", "tp_message_volume",
+    "params_per_gpu", "preset_names", "recompute_module_options", "stage_split", "step_time", "tp_message_volume",
 ]

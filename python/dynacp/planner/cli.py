@@ -8,7 +8,14 @@ import sys
 from typing import List, Optional
 
 from dynacp.planner.configs import configs
-from dynacp.planner.model import ETP_CHOICES, OPTIMIZERS, RECOMPUTE, PlannerOptions
+from dynacp.planner.model import (
+    ETP_CHOICES,
+    OPTIMIZERS,
+    RECOMPUTE,
+    RECOMPUTE_MODULES,
+    PlannerOptions,
+    recompute_module_options,
+)
 from dynacp.planner.presets import preset_names
 
 
@@ -43,6 +50,10 @@ def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) 
                         "shard), zero0 (plain DDP). Default distributed")
     o.add_argument("--grad-dtype", choices=["fp32", "bf16"], default="fp32", help="main gradients (default fp32)")
     o.add_argument("--recompute", choices=RECOMPUTE, default="selective", help="default selective")
+    o.add_argument("--recompute-modules", nargs="+", default=[], metavar="MODULE",
+                   help="also recompute these parts of each layer, Megatron-LM's names (space- or comma-separated): "
+                        f"{', '.join(RECOMPUTE_MODULES)}; mlp_act is the dense MLPs' activation function (not a "
+                        "Megatron-Core module). Not with --recompute full")
     o.add_argument("--chunked-ce", action="store_true", help="fused/chunked cross-entropy")
     o.add_argument("--etp", choices=ETP_CHOICES, default="any", help="expert TP: 1, =TP, or any (default)")
     o.add_argument("--ep-divides-dp", action="store_true", help="require EP | DP (no MoE parallel folding)")
@@ -110,6 +121,11 @@ def run(args: argparse.Namespace) -> int:
         "pp_comm_overlap": not args.no_pp_overlap, "ep_comm_overlap": not args.no_ep_overlap,
         "ep_in_node": args.ep_in_node,
     }
+    modules = [n for item in args.recompute_modules for n in item.split(",") if n]
+    if modules and args.recompute == "full":
+        raise ValueError("--recompute-modules applies to --recompute selective or none; full recompute already "
+                         "keeps only each layer's input")
+    options.update(recompute_module_options(modules))
     batch = {"global_batch": args.gbs, "seq_length": args.seq_length, "micro_batch": args.mbs}
     table = configs(args.model, args.cluster, batch, options, lengths=args.lengths,
                     progress=not args.json and not getattr(args, "quiet", False) and sys.stderr.isatty())

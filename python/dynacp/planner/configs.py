@@ -14,7 +14,7 @@ import numpy as np
 from dynacp.planner import dynamic
 from dynacp.planner.enumerate import enumerate_layouts
 from dynacp.planner.memory import GB, MemoryBreakdown, memory_breakdown, param_counts
-from dynacp.planner.model import BatchConfig, ClusterConfig, Layout, ModelConfig, PlannerOptions
+from dynacp.planner.model import BatchConfig, ClusterConfig, Layout, ModelConfig, PlannerOptions, recompute_modules_of
 from dynacp.planner.presets import resolve_cluster, resolve_model
 from dynacp.planner.timing import TimeBreakdown, step_time
 
@@ -114,7 +114,8 @@ class ConfigTable:
         lines = [
             f"{self.model.name} on {c.name}: {c.num_nodes} x {c.gpus_per_node} GPUs, {c.gpu_memory / GB:.0f} GB each "
             f"(usable {o.memory_headroom:.0%} = {c.gpu_memory * o.memory_headroom / GB:.1f} GB); global batch "
-            f"{b.global_batch} x {b.seq_length} tokens, micro batch {b.micro_batch}; recompute {o.recompute}, "
+            f"{b.global_batch} x {b.seq_length} tokens, micro batch {b.micro_batch}; recompute {o.recompute}"
+            f"{''.join(' + ' + n for n in recompute_modules_of(o))}, "
             f"{o.optimizer} optimizer, {o.grad_dtype} grads, CE {'chunked' if o.chunked_ce else 'full'}",
         ]
         if self.lengths:

@@ -18,7 +18,8 @@ rank, T = b*s/c tokens per rank per micro-batch):
   output kept for the weighted combine, which Megatron-Core 0.16 (TEGroupedMLP) does not keep: it applies the router
   probabilities inside the activation. That known over-estimate is left in, see docs/planner.md).
   ``recompute_mlp`` keeps 2h for dense MLPs only (Megatron's ``mlp`` module), ``recompute_moe`` 2h for MoE layers
-  (its ``moe`` module). Full
+  (its ``moe`` module). ``recompute_layernorm`` drops the two norm outputs, ``recompute_moe_act`` /
+  ``recompute_mlp_act`` the activation-function outputs (:func:`recomputed_bytes_per_token`). Full
   recompute keeps 2h per layer plus one layer's working set. Stage i (0-based) holds min(p - i, m) micro-batches
   of its layers (interleaved: min(p + (p - 2i - 1)/v, m), Megatron's warm-up; :func:`in_flight`); the first,
   the second and the last stage are priced and the largest reported. The first stage adds Megatron's input-id and
@@ -247,16 +248,51 @@ def _layer_bytes_per_token(model: ModelConfig, opts: PlannerOptions, seq: int) -
         dense = 2.0 * h
     if opts.recompute_moe and model.moe_layers:  # only the MoE layer's input survives the forward
         moe = 2.0 * h
-    return {"attn": attn_lin + scores, "linear_attn": attn_lin, "dense_mlp": dense, "moe_mlp": moe}
+    drop = _recomputed_bytes_per_token(model, opts)
+    return {"attn": attn_lin + scores - drop["attn"], "linear_attn": attn_lin - drop["linear_attn"],
+            "dense_mlp": dense - drop["dense_mlp"], "moe_mlp": moe - drop["moe_mlp"]}
+
+
+def _recomputed_bytes_per_token(model: ModelConfig, opts: PlannerOptions) -> Dict[str, float]:
+    """Bytes per token of one layer of each kind that the elementwise recomputes do not keep, before / TP:
+    ``recompute_layernorm`` the two norm outputs ((2 - FP8) h each: the QKV / MLA down-projection input, the fc1
+    input; 2h for a MoE layer's router and dispatch input, which is never an FP8 cast), ``recompute_mlp_act`` a
+    dense MLP's activation output ((2 - FP8) f, the fc2 input) and ``recompute_moe_act`` the routed experts' (top-k
+    copies of (2 - FP8) f_e, times the routing imbalance). Nothing under full recompute, and nothing for an MLP
+    that ``recompute_mlp`` / ``recompute_moe`` already reduce to its input."""
+    h, f8 = model.hidden_size, 1.0 if opts.fp8 else 0.0
+    out = {"attn": 0.0, "linear_attn": 0.0, "dense_mlp": 0.0, "moe_mlp": 0.0}
+    if opts.recompute == "full":
+        return out
+    if opts.recompute_layernorm:
+        out["attn"] = out["linear_attn"] = (2 - f8) * h
+    if not opts.recompute_mlp:
+        out["dense_mlp"] = ((2 - f8) * h if opts.recompute_layernorm else 0.0) + (
+            (2 - f8) * model.ffn_hidden_size if opts.recompute_mlp_act else 0.0)
+    if model.moe_layers and not opts.recompute_moe:
+        routed = model.top_k * (2 - f8) * model.expert_ffn_hidden_size * opts.moe_imbalance
+        out["moe_mlp"] = (2.0 * h if opts.recompute_layernorm else 0.0) + (routed if opts.recompute_moe_act else 0.0)
+    return out
+
+
+def _mean_over_layers(model: ModelConfig, k: Dict[str, float]) -> float:
+    L, La, Lm = model.num_layers, model.attention_layers, model.moe_layers
+    return (La * k["attn"] + (L - La) * k["linear_attn"] + Lm * k["moe_mlp"] + (L - Lm) * k["dense_mlp"]) / L
 
 
 def layer_bytes_per_token(model: ModelConfig, opts: PlannerOptions, seq: int) -> Tuple[float, float]:
     """(mean over layers, largest layer) activation bytes per token of one transformer layer, before / TP."""
     k = _layer_bytes_per_token(model, opts, seq)
-    L, La, Lm = model.num_layers, model.attention_layers, model.moe_layers
-    mean = (La * k["attn"] + (L - La) * k["linear_attn"] + Lm * k["moe_mlp"] + (L - Lm) * k["dense_mlp"]) / L
+    La, Lm = model.attention_layers, model.moe_layers
     largest = (k["attn"] if La else k["linear_attn"]) + (k["moe_mlp"] if Lm else k["dense_mlp"])
-    return mean, largest
+    return _mean_over_layers(model, k), largest
+
+
+def recomputed_bytes_per_token(model: ModelConfig, opts: PlannerOptions) -> float:
+    """Mean over layers of the activation bytes per token that the elementwise recomputes (norms, activation
+    functions) drop from memory, before / TP: the memory-bound kernels still produce them in the forward and
+    produce them again in the backward pass (:mod:`dynacp.planner.timing`)."""
+    return _mean_over_layers(model, _recomputed_bytes_per_token(model, opts))
 
 
 def in_flight(layout: Layout, m: int, stage: int = 0) -> float:

@@ -313,6 +313,33 @@ class BatchConfig:
 
 
 RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE_MODULES: Dict[str, Optional[str]] = {
+    "core_attn": None,  # what 'selective' already means; with flash attention nothing is stored to drop
+    "mlp": "recompute_mlp",
+    "moe": "recompute_moe",
+    "mla_up_proj": "recompute_mla_up_proj",
+    "layernorm": "recompute_layernorm",
+    "moe_act": "recompute_moe_act",
+    "mlp_act": "recompute_mlp_act",  # dynacp's name: not a Megatron-Core module (see PlannerOptions)
+}
+"""Megatron-LM's ``--recompute-modules`` names (plus ``mlp_act``) -> the PlannerOptions field each one sets."""
+
+
+def recompute_module_options(names: Any) -> Dict[str, bool]:
+    """PlannerOptions fields for a list of recompute module names (Megatron-LM's ``--recompute-modules``), e.g.
+    ``["mlp", "moe_act"]`` -> ``{"recompute_mlp": True, "recompute_moe_act": True}``. Unknown names raise
+    ValueError naming them and the known ones (Megatron's ``shared_experts`` is not modelled)."""
+    names = [names] if isinstance(names, str) else list(names)
+    bad = [n for n in names if n not in RECOMPUTE_MODULES]
+    if bad:
+        raise ValueError(f"unknown recompute module(s) {', '.join(map(repr, bad))}; known: "
+                         f"{', '.join(RECOMPUTE_MODULES)} (Megatron's shared_experts is not modelled)")
+    return {RECOMPUTE_MODULES[n]: True for n in names if RECOMPUTE_MODULES[n] is not None}
+
+
+def recompute_modules_of(opts: PlannerOptions) -> Tuple[str, ...]:
+    """The recompute module names that ``opts`` turns on, in RECOMPUTE_MODULES' order (``core_attn`` left out)."""
+    return tuple(n for n, f in RECOMPUTE_MODULES.items() if f is not None and getattr(opts, f))
 OPTIMIZERS = ("zero0", "zero1", "zero2", "zero3", "distributed")
 ETP_CHOICES = ("1", "tp", "any")
 
@@ -351,6 +378,21 @@ class PlannerOptions:
     """Also recompute the MoE layers (Megatron's --recompute-modules moe): each keeps only its 2h-byte input per
     token and re-runs its forward (router, shared and routed expert GEMMs, dispatch and combine all-to-alls) in the
     backward pass."""
+    recompute_layernorm: bool = False
+    """Recompute the two norms of each layer (Megatron's --recompute-modules layernorm, an output-discarding
+    checkpoint of input_layernorm and pre_mlp_layernorm): their outputs, the inputs of the QKV (or MLA
+    down-projection) and fc1 (or router and dispatch) GEMMs, are not kept, (2 - 1 with FP8) h bytes each per token
+    and layer; each norm runs its forward again in the backward pass (memory-bound)."""
+    recompute_moe_act: bool = False
+    """Recompute the routed experts' activation function (Megatron's --recompute-modules moe_act): its output, the
+    experts' fc2 input ((2 - 1 with FP8) f_e bytes per routed copy), is not kept and is recomputed from the fc1
+    output in the backward pass. No effect on a dense model."""
+    recompute_mlp_act: bool = False
+    """Recompute the dense MLPs' activation function (SwiGLU / GeLU): its output, the fc2 input ((2 - 1 with FP8) f
+    bytes per token and layer), is not kept and is recomputed from the fc1 output in the backward pass. Not a
+    Megatron-Core module (its moe_act covers routed experts only): a fused activation that recomputes its output,
+    as hand-written backward passes that keep only the linear layers' outputs do (LLaMA, Touvron et al. 2023,
+    Sec. 2.4)."""
     flash_attention: bool = True
     """Fused attention: no a*s^2 score tensor is stored, so 'none' and 'selective' keep the same memory."""
     chunked_ce: bool = False

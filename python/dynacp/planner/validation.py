@@ -84,8 +84,12 @@ def published_runs() -> List[PublishedRun]:
     # Table 4's DP is FSDP that "shards optimizer states and gradients" and does not reshard the weights after the
     # forward (paper, Sec. 3.3.2): ZeRO-2, every micro-batch reduce-scattering its gradients. V = 8: "the first
     # model chunk on the first stage has only the embedding" makes a chunk one layer, (126 + 2) / 16 = 8 chunks per
-    # rank.
-    fsdp = {"optimizer": "zero2"}
+    # rank. Meta's training code keeps only the activations that are expensive to compute, "such as the outputs of
+    # linear layers", through a hand-written backward of the transformer layer (LLaMA, Touvron et al. 2023,
+    # arXiv 2302.13971, Sec. 2.4); Llama 3 pre-trains at 8K "without activation checkpointing" after "detailed
+    # memory allocation profiling" (Sec. 3.3.2). So the norms' and the SwiGLU's outputs, cheap elementwise results,
+    # are recomputed, not kept: recompute_layernorm and recompute_mlp_act (docs/planner.md explains the choice).
+    meta = {"optimizer": "zero2", "recompute_layernorm": True, "recompute_mlp_act": True}
     t8k, d8k = _llama3_tokens(430, 8192)
     t16k, d16k = _llama3_tokens(400, 8192)
     t128k, d128k = _llama3_tokens(380, 131072)
@@ -104,11 +108,11 @@ def published_runs() -> List[PublishedRun]:
         _nemo("Llama3.1-405B x1024", "llama3.1-405b", 1024, 512, 1, 8192, 8, 8, 2, 8, 1, True, 302,
           BRIDGE + ", container 25.09, FP8 (per-tensor current scaling)", options={"allow_uneven_pp": True}),
         r("Llama3-405B x8192", "llama3.1-405b", 8192, 2048, 1, 8192, 8, 16, 1, 8, 1, False, t8k, LLAMA3,
-          d8k, {**fsdp, "allow_uneven_pp": True}),
+          d8k, {**meta, "allow_uneven_pp": True}),
         r("Llama3-405B x16384", "llama3.1-405b", 16384, 2048, 1, 8192, 8, 16, 1, 8, 1, False, t16k, LLAMA3,
-          d16k, {**fsdp, "allow_uneven_pp": True}),
+          d16k, {**meta, "allow_uneven_pp": True}),
         r("Llama3-405B 128K", "llama3.1-405b", 16384, 128, 1, 131072, 8, 16, 16, 8, 1, False, t128k, LLAMA3,
-          d128k, {**fsdp, "allow_uneven_pp": True}),
+          d128k, {**meta, "allow_uneven_pp": True}),
         _nemo("Qwen3-30B-A3B", "qwen3-30b-a3b", 16, 1024, 1, 4096, 1, 2, 1, 12, 8, True, 5113,
               BRIDGE + ", container 26.02, model Qwen3_30B_a3B, FP8", options={"etp": "1"}),
         _nemo("Qwen3-235B-A22B", "qwen3-235b-a22b", 256, 8192, 1, 4096, 2, 8, 1, 4, 32, True, 1633,
