@@ -355,6 +355,8 @@ def test_mla_activations_use_its_latent_and_head_widths() -> None:
     t0 = step_time(model, cluster, batch, lay, _opts(fp8=True))
     t1 = step_time(model, cluster, batch, lay, up)
     assert t1.parts["gemm"] > t0.parts["gemm"] and t1.parts["attention"] == t0.parts["attention"]
+    # q, k and v are produced twice (forward, backward): the memory-bound kernels move them once more
+    assert t1.parts["memory_bound"] > t0.parts["memory_bound"]
     with pytest.raises(ValueError, match="qk_head_dim"):
         pl.ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=10, ffn_hidden_size=128,
                        kv_lora_rank=16).validate()
@@ -473,6 +475,11 @@ def test_elementwise_recompute_costs_memory_bound_time_not_gemm_time() -> None:
     assert t1.parts["memory_bound"] - t0.parts["memory_bound"] == pytest.approx(
         dropped * 8 * tokens_per_gpu / cluster.hbm_bandwidth, rel=1e-9)  # 8 layers on the slowest stage
     assert eff.elementwise_passes > 0
+    # the same holds for the GEMM-recomputing modules: 'mlp' keeps 2h of the dense MLP, moves 2h + 4f + 2f once more
+    mlp = step_time(model, cluster, batch, lay, _opts(optimizer="zero2", allow_uneven_pp=True, recompute_mlp=True))
+    assert mlp.parts["memory_bound"] - t0.parts["memory_bound"] == pytest.approx(
+        (2 * h + 6 * f) * 8 * tokens_per_gpu / cluster.hbm_bandwidth, rel=1e-9)
+    assert mlp.parts["gemm"] > t0.parts["gemm"]
     m0, m1 = (memory_breakdown(model, batch, lay, o, m=32) for o in (base, rec))
     assert m0.activations - m1.activations == pytest.approx(
         dropped / 8 * 8192 * m0.layers * m0.in_flight, rel=1e-9)

@@ -19,7 +19,7 @@ rank, T = b*s/c tokens per rank per micro-batch):
   probabilities inside the activation. That known over-estimate is left in, see docs/planner.md).
   ``recompute_mlp`` keeps 2h for dense MLPs only (Megatron's ``mlp`` module), ``recompute_moe`` 2h for MoE layers
   (its ``moe`` module). ``recompute_layernorm`` drops the two norm outputs, ``recompute_moe_act`` /
-  ``recompute_mlp_act`` the activation-function outputs (:func:`recomputed_bytes_per_token`). Full
+  ``recompute_mlp_act`` the activation-function outputs (:func:`_recomputed_bytes_per_token`). Full
   recompute keeps 2h per layer plus one layer's working set. Stage i (0-based) holds min(p - i, m) micro-batches
   of its layers (interleaved: min(p + (p - 2i - 1)/v, m), Megatron's warm-up; :func:`in_flight`); the first,
   the second and the last stage are priced and the largest reported. The first stage adds Megatron's input-id and
@@ -31,11 +31,12 @@ rank, T = b*s/c tokens per rank per micro-batch):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Tuple
 
-from dynacp.planner.model import BatchConfig, Layout, ModelConfig, PlannerOptions
+from dynacp.planner.model import RECOMPUTE_MODULES, BatchConfig, Layout, ModelConfig, PlannerOptions
 
 GB = 1e9
 
@@ -288,11 +289,18 @@ def layer_bytes_per_token(model: ModelConfig, opts: PlannerOptions, seq: int) ->
     return _mean_over_layers(model, k), largest
 
 
-def recomputed_bytes_per_token(model: ModelConfig, opts: PlannerOptions) -> float:
-    """Mean over layers of the activation bytes per token that the elementwise recomputes (norms, activation
-    functions) drop from memory, before / TP: the memory-bound kernels still produce them in the forward and
-    produce them again in the backward pass (:mod:`dynacp.planner.timing`)."""
-    return _mean_over_layers(model, _recomputed_bytes_per_token(model, opts))
+def recomputed_bytes_per_token(model: ModelConfig, opts: PlannerOptions, seq: int) -> Tuple[float, float]:
+    """(produced, dropped): mean over layers of the activation bytes per token, before / TP, that a layer's forward
+    produces for its backward, and how many of them the recompute modules (``recompute_mlp``, ``_moe``,
+    ``_mla_up_proj``, ``_layernorm``, ``_moe_act``, ``_mlp_act``) drop from memory. The memory-bound kernels move
+    every produced byte, and the dropped ones once more when the backward pass produces them again
+    (:mod:`dynacp.planner.timing`). Under full recompute nothing is dropped by a module: the whole layer runs again."""
+    plain = dataclasses.replace(opts, **{f: False for f in RECOMPUTE_MODULES.values() if f is not None})
+    produced, _ = layer_bytes_per_token(model, plain, seq)
+    if opts.recompute == "full":
+        return produced, 0.0
+    kept, _ = layer_bytes_per_token(model, opts, seq)
+    return produced, produced - kept
 
 
 def in_flight(layout: Layout, m: int, stage: int = 0) -> float:

@@ -7,9 +7,9 @@ what overlaps, and the pipeline bubble.
   :class:`dynacp.planner.efficiency.Efficiency` for this layout's per-GPU shapes. FLOPs follow Megatron's counter:
   6 x parameters per token for the GEMMs (routed experts scaled by k / n_e) and 6 h_q s^2 per causal attention layer.
   Full recompute re-runs one forward (x 4/3), ``recompute_mlp`` the dense MLPs', ``recompute_moe`` the MoE
-  layers' (with their all-to-alls), ``recompute_mla_up_proj`` MLA's up-projections'; the elementwise recomputes
-  (``recompute_layernorm``, ``recompute_mlp_act``, ``recompute_moe_act``) move the bytes they drop through HBM
-  once more. A dropless MoE layer takes at least ``Efficiency.moe_layer_floor`` per micro-batch (host-bound). ``PlannerOptions.mfu`` set to a
+  layers' (with their all-to-alls), ``recompute_mla_up_proj`` MLA's up-projections'; the memory-bound kernels move
+  every activation byte a forward produces, and the bytes any recompute module drops from memory once more (the
+  backward produces them again). A dropless MoE layer takes at least ``Efficiency.moe_layer_floor`` per micro-batch (host-bound). ``PlannerOptions.mfu`` set to a
   number replaces all of this by FLOPs / (mfu x peak), the earlier constant model.
 * Communication per micro-batch per GPU (nccl-tests bus-bandwidth convention): TP 4 all-reduce equivalents per
   layer of b (s/c) h 2 bytes (6 with full recompute), on NVLink when the group fits in a node, only
@@ -38,7 +38,6 @@ from typing import Dict, Optional, Tuple
 
 from dynacp.planner.efficiency import Efficiency
 from dynacp.planner.memory import (
-    layer_bytes_per_token,
     mla_up_proj_params,
     param_counts,
     params_per_gpu,
@@ -257,9 +256,8 @@ def _other_seconds(
         return attn_flops / (cluster.peak_flops * opts.mfu), 0.0
     seq = sum_sq_mb / tokens if tokens else batch.seq_length  # token-weighted mean sequence length
     attn_s = attn_flops / (cluster.peak_flops * eff.attention(seq / c))
-    mean, _ = layer_bytes_per_token(model, opts, batch.seq_length)
-    dropped = recomputed_bytes_per_token(model, opts)  # produced in the forward, and once more in the backward
-    per_token = eff.elementwise_passes * (mean + dropped) + dropped
+    produced, dropped = recomputed_bytes_per_token(model, opts, batch.seq_length)
+    per_token = eff.elementwise_passes * produced + dropped  # the dropped bytes are produced again in the backward
     mem_bytes = per_token * layers * tokens / (t * c) * (4 / 3 if full else 1.0)
     return attn_s, mem_bytes / cluster.hbm_bandwidth
 
