@@ -456,8 +456,9 @@ class PlannerOptions:
     moe_imbalance: float = 1.0
     """Load on the busiest expert rank / mean (1 = uniform routing); scales routed-expert compute, memory, a2a."""
     tie_tolerance: float = 0.01
-    """Predicted step times within this relative distance of each other are ties, broken by memory headroom (the
-    analytic model is not more accurate than this)."""
+    """Predicted step times within this relative distance of each other are ties, broken by the least model
+    parallelism TP x PP x CP (the simpler layout), then by the most memory headroom (the analytic model is not more
+    accurate than this)."""
     sample_batches: int = 4
     """Global batches sampled from a length distribution for the scheduler-based prediction."""
     predict_top: int = 16

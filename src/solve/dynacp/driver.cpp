@@ -36,6 +36,7 @@ bool Runner::expired() const { return has_deadline_ && std::chrono::steady_clock
 struct Runner::Batch {
   std::size_t n;
   const std::function<void(std::size_t)>& f;
+  bool timed;  // stop starting tasks past the deadline
   std::vector<std::exception_ptr> errors;
   std::atomic<std::size_t> next{0};
   std::atomic<bool> stop{false}, skipped{false};
@@ -53,7 +54,7 @@ void Runner::work(Batch& b, bool caller) {
   for (;;) {
     if (b.stop.load()) return;
     if (caller) check();  // may throw (an interrupt): for_each's catch stops the others
-    if (expired()) {
+    if (b.timed && expired()) {
       b.skipped = true;
       return;
     }
@@ -87,8 +88,18 @@ void Runner::serve() {
 
 void Runner::for_each(std::size_t n, const std::function<void(std::size_t)>& f) {
   if (n == 0) return;
-  Batch b{n, f, std::vector<std::exception_ptr>(n)};
-  const bool helped = threads_ > 1 && n > 1;
+  Batch b{n, f, true, std::vector<std::exception_ptr>(n)};
+  run_batch(b);
+}
+
+void Runner::for_each_to_end(std::size_t n, const std::function<void(std::size_t)>& f) {
+  if (n == 0) return;
+  Batch b{n, f, false, std::vector<std::exception_ptr>(n)};
+  run_batch(b);
+}
+
+void Runner::run_batch(Batch& b) {
+  const bool helped = threads_ > 1 && b.n > 1;
   if (helped) {
     {
       const std::lock_guard lock(mutex_);
@@ -371,9 +382,8 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     std::erase_if(candidates, [&](const Candidate& x) { return !counts_ok(x.plan, cluster.num_ranks, options); });
   // The fastest candidate (ties: the earliest) that the simulator accepts.
   std::vector<double> scores(candidates.size(), std::numeric_limits<double>::infinity());
-  Runner all(threads, options.check_interrupt, 0.0);  // every candidate is scored, even past the time limit
-  all.for_each(candidates.size(),
-               [&](std::size_t i) { scores[i] = score(candidates[i].plan, batch, cluster, cost, options); });
+  run.for_each_to_end(candidates.size(),  // every candidate is scored, even past the time limit
+                      [&](std::size_t i) { scores[i] = score(candidates[i].plan, batch, cluster, cost, options); });
   lap("final scoring");
   std::size_t best = candidates.size();
   for (std::size_t i = 0; i < candidates.size(); ++i)
@@ -383,8 +393,8 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     Plan out = std::move(candidates[best].plan);
     if (options.pp > 1) {
       double t = scores[best];
-      const ParallelFor parallel = [&all](std::size_t n, const std::function<void(std::size_t)>& f) {
-        all.for_each(n, f);
+      const ParallelFor parallel = [&run](std::size_t n, const std::function<void(std::size_t)>& f) {
+        run.for_each_to_end(n, f);
       };
       out = reorder_classes(std::move(out), &t, batch, cluster, cost, options, parallel);
       out = reorder_rings(std::move(out), t, batch, cluster, cost, options, parallel);

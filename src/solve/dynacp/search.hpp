@@ -32,6 +32,9 @@ class Runner {
   /// Calls f(i) for every i in [0, n) unless the deadline passes first (callers keep each task's result in its own
   /// slot and skip the ones that did not run); returns once no thread runs f any more.
   void for_each(std::size_t n, const std::function<void(std::size_t)>& f);
+  /// Calls f(i) for every i in [0, n), past the deadline too (the final scoring and polish of the winner, which must
+  /// see every candidate); the interrupt check still runs between the caller's tasks.
+  void for_each_to_end(std::size_t n, const std::function<void(std::size_t)>& f);
   bool expired() const;
   /// The time limit's instant (time_point::max() when there is none).
   std::chrono::steady_clock::time_point deadline() const {
@@ -45,7 +48,8 @@ class Runner {
 
  private:
   struct Batch;                      // one for_each's tasks and outcome
-  void work(Batch& b, bool caller);  // runs b's tasks until none is left (or stop, or the deadline)
+  void run_batch(Batch& b);          // for_each and for_each_to_end: b's tasks on the caller and the helpers
+  void work(Batch& b, bool caller);  // runs b's tasks until none is left (or stop, or b's deadline)
   void serve();                      // a helper thread: joins each new batch until the destructor
   int threads_;
   std::function<void()> check_;
