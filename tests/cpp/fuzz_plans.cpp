@@ -3,9 +3,14 @@
 // multiple 2 or 4) and never beat the lower bound; dynacp must never be slower than another
 // strategy. The tight bound (with the cover term) is computed once per instance; the plans report the bound without
 // it (tight_bound = false), which must not exceed it.
-//   fuzz_plans [--instances N] [--seed S] [--extended 1]   (CTest runs short versions; docs/benchmarks.md the long one)
+//   fuzz_plans [--instances N] [--seed S] [--extended 1] [--links 1]
+//   (CTest runs short versions; docs/benchmarks.md the long ones)
 // --extended 1 also draws the extended model form's per-document terms (CostModel::extended(): s^1.5 and s log s
-// attention terms, per-document, per-hop and single-rank floors, partial overlap) at random, from their own random stream.
+// attention terms, per-document, per-hop and single-rank floors, partial overlap) at random, from their own random
+// stream.
+// --links 1 also draws the links at random, from a third stream: intra- and inter-node bandwidth and latency each
+// over a wide range, so that in about half the instances the inter-node link is the faster in bandwidth or latency
+// (where the cross-node family applies); without it every instance keeps the default links (NVLink faster).
 // Anchor plans the simulator rejects - a 1F1B deadlock, or under vpp > 1 microbatch counts that are not multiples
 // of pp (megatron raises when it cannot split to one) - count separately; dynacp must plan every instance where any
 // other strategy does (under vpp > 1 a batch may have no plan whose counts are all multiples of pp).
@@ -15,15 +20,15 @@
 #include <random>
 #include <string>
 
-#include "dynacp/model/error.hpp"
 #include "dynacp/api/planner.hpp"
+#include "dynacp/model/error.hpp"
 
 using namespace dynacp;
 
 int main(int argc, char** argv) {
   long instances = 1000;
   std::uint64_t seed = 1;
-  bool extended = false;
+  bool extended = false, links = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--instances"))
       instances = std::stol(argv[i + 1]);
@@ -31,14 +36,28 @@ int main(int argc, char** argv) {
       seed = std::stoull(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--extended"))
       extended = std::stoi(argv[i + 1]) != 0;
+    else if (!std::strcmp(argv[i], "--links"))
+      links = std::stoi(argv[i + 1]) != 0;
   }
-  std::mt19937_64 rng(seed), ext_rng(seed ^ 0x9e3779b97f4a7c15ULL);
-  long plans = 0, failed = 0, deadlocks = 0, unaligned = 0, unplanned = 0, dynacp_worse = 0;
+  std::mt19937_64 rng(seed), ext_rng(seed ^ 0x9e3779b97f4a7c15ULL), link_rng(seed ^ 0xc2b2ae3d27d4eb4fULL);
+  long plans = 0, failed = 0, deadlocks = 0, unaligned = 0, unplanned = 0, dynacp_worse = 0, inter_faster = 0;
   const auto names = solve::strategy_names();
   for (long it = 0; it < instances; ++it) {
     Cluster c;
     c.ranks_per_node = 1 + static_cast<int>(rng() % 8);
     c.num_ranks = c.ranks_per_node * (1 + static_cast<int>(rng() % 8));
+    if (links) {  // defaults x e^u: intra u in [-2, 2], inter bandwidth u in [-1, 3], latencies u in [-2, 2]
+      auto scale = [&](double lo, double hi) {
+        return std::exp(std::uniform_real_distribution<double>(lo, hi)(link_rng));
+      };
+      c.intra_node_bandwidth *= scale(-2, 2);
+      c.inter_node_bandwidth *= scale(-1, 3);
+      c.intra_node_latency *= scale(-2, 2);
+      c.inter_node_latency *= scale(-2, 2);
+      if (c.num_nodes() > 1 &&
+          (c.inter_node_bandwidth > c.intra_node_bandwidth || c.inter_node_latency < c.intra_node_latency))
+        ++inter_faster;
+    }
     CostModel cost;
     cost.attn_coef *= std::exp(std::uniform_real_distribution<double>(-2, 2)(rng));
     cost.group_overhead *= std::uniform_real_distribution<double>(0, 2)(rng);
@@ -124,6 +143,9 @@ int main(int argc, char** argv) {
       "fuzz%s: %ld instances, %ld plans, %ld anchor plans rejected as 1F1B deadlocks, %ld as not interleavable "
       "(vpp 2), %ld batches no strategy could interleave, %ld dynacp slower\n",
       extended ? " (extended form)" : "", instances, plans, deadlocks, unaligned, unplanned, dynacp_worse);
+  if (links)
+    std::printf("fuzz (random links): %ld instances on more than one node with a faster inter-node link\n",
+                inter_faster);
   std::printf("fuzz: %ld passed, %ld failed\n", plans - failed - deadlocks - unaligned - unplanned,
               failed + dynacp_worse);
   return failed + dynacp_worse == 0 ? 0 : 1;
