@@ -81,15 +81,9 @@ double step_time(const Plan& plan, std::span<const GroupStats> single, const Clu
   if (options.pp > 1) {
     return sim::step_time(flat_problem(plan, single, cluster, cost, options));
   }
-  std::vector<double> free(static_cast<std::size_t>(cluster.num_ranks), 0.0);
-  for (const auto& slot : plan.microbatches)
-    for (const auto& g : slot) {
-      double start = 0.0;
-      for (int r : g.ranks) start = std::max(start, free[static_cast<std::size_t>(r)]);
-      const double t = cost.group_time(g, single, cluster);
-      for (int r : g.ranks) free[static_cast<std::size_t>(r)] = start + t;
-    }
-  return free.empty() ? 0.0 : *std::max_element(free.begin(), free.end());
+  return solve::group_timeline(
+      plan, cluster.num_ranks, [&](const Group& g) { return cost.group_time(g, single, cluster); },
+      [](const Group&, double) {});
 }
 
 /// predict() with the pipelined lower bound already computed (`lb` < 0: compute it).

@@ -17,21 +17,13 @@ namespace dynacp::solve {
 Predicted evaluate(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost) {
   Predicted p;
   const auto P = static_cast<std::size_t>(cluster.num_ranks);
-  std::vector<double> free(P, 0.0);
   p.per_rank_time.assign(P, 0.0);
-  for (const auto& slot : plan.microbatches) {
-    for (const auto& g : slot) {
-      double start = 0.0;
-      for (int r : g.ranks) start = std::max(start, free[static_cast<std::size_t>(r)]);
-      const double t = cost.group_time(g, batch, cluster);
-      for (int r : g.ranks) {
-        free[static_cast<std::size_t>(r)] = start + t;
-        p.per_rank_time[static_cast<std::size_t>(r)] += t;
-      }
-      p.peak_tokens_per_rank = std::max(p.peak_tokens_per_rank, group_rows(batch, cluster, g.sequences, g.degree()));
-    }
-  }
-  p.step_time = *std::max_element(free.begin(), free.end());
+  p.step_time = group_timeline(
+      plan, cluster.num_ranks, [&](const Group& g) { return cost.group_time(g, batch, cluster); },
+      [&](const Group& g, double t) {
+        for (int r : g.ranks) p.per_rank_time[static_cast<std::size_t>(r)] += t;
+        p.peak_tokens_per_rank = std::max(p.peak_tokens_per_rank, group_rows(batch, cluster, g.sequences, g.degree()));
+      });
   double busy = 0.0;
   for (double t : p.per_rank_time) busy += t;
   p.bubble_fraction = p.step_time > 0 ? 1.0 - busy / (p.step_time * static_cast<double>(P)) : 0.0;
