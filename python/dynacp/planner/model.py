@@ -10,7 +10,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, Type, TypeVar, Union
+from typing import Any, Dict, Iterable, Optional, Tuple, Type, TypeVar, Union
 
 T = TypeVar("T")
 
@@ -313,6 +313,8 @@ class BatchConfig:
 
 
 RECOMPUTE = ("none", "selective", "full")
+OPTIMIZERS = ("zero0", "zero1", "zero2", "zero3", "distributed")
+ETP_CHOICES = ("1", "tp", "any")
 RECOMPUTE_MODULES: Dict[str, Optional[str]] = {
     "core_attn": None,  # what 'selective' already means; with flash attention nothing is stored to drop
     "mlp": "recompute_mlp",
@@ -325,7 +327,7 @@ RECOMPUTE_MODULES: Dict[str, Optional[str]] = {
 """Megatron-LM's ``--recompute-modules`` names (plus ``mlp_act``) -> the PlannerOptions field each one sets."""
 
 
-def recompute_module_options(names: Any) -> Dict[str, bool]:
+def recompute_module_options(names: Union[str, Iterable[str]]) -> Dict[str, bool]:
     """PlannerOptions fields for a list of recompute module names (Megatron-LM's ``--recompute-modules``), e.g.
     ``["mlp", "moe_act"]`` -> ``{"recompute_mlp": True, "recompute_moe_act": True}``. Unknown names raise
     ValueError naming them and the known ones (Megatron's ``shared_experts`` is not modelled)."""
@@ -340,8 +342,6 @@ def recompute_module_options(names: Any) -> Dict[str, bool]:
 def recompute_modules_of(opts: PlannerOptions) -> Tuple[str, ...]:
     """The recompute module names that ``opts`` turns on, in RECOMPUTE_MODULES' order (``core_attn`` left out)."""
     return tuple(n for n, f in RECOMPUTE_MODULES.items() if f is not None and getattr(opts, f))
-OPTIMIZERS = ("zero0", "zero1", "zero2", "zero3", "distributed")
-ETP_CHOICES = ("1", "tp", "any")
 
 
 @dataclass
