@@ -91,14 +91,14 @@ std::vector<double> group_times(const std::vector<Group>& groups, const Batch& b
   for (std::size_t i = 0; i < groups.size(); ++i) time[i] = cost.group_time(groups[i], batch, cluster);
   return time;
 }
+// How many moves a polish scores at once: the solve's threads.
+std::size_t polish_width(const PlanOptions& options) { return static_cast<std::size_t>(options.thread_count()); }
+
 // The first improving move of a sequence, with the moves scored `width` at a time on `parallel`: eval(i) scores move
 // i against the current state without changing it (-1: no move after all, not counted; 0: counted, no better; 1:
 // counted, better). The moves are then read in order as a loop scoring one at a time would: each counted one spends
 // one of `budget`, and the first better one is returned (npos when none, or the budget ran out first). Moves scored
 // past it are wasted, at most width - 1 per call.
-// How many moves a polish scores at once: the solve's threads.
-std::size_t polish_width(const PlanOptions& options) { return static_cast<std::size_t>(options.thread_count()); }
-
 template <class Eval>
 std::size_t first_improvement(std::size_t n, std::size_t width, const ParallelFor& parallel, int& spent, int budget,
                               Eval&& eval) {
@@ -108,10 +108,10 @@ std::size_t first_improvement(std::size_t n, std::size_t width, const ParallelFo
     const std::size_t m = std::min(width, n - lo);
     res.assign(m, -1);
     auto one = [&](std::size_t j) { res[j] = eval(lo + j); };
-    if (parallel && m > 1)
-      parallel(m, one);
+    if (m > 1)
+      run_tasks(parallel, m, one);
     else
-      for (std::size_t j = 0; j < m; ++j) one(j);
+      one(0);
     for (std::size_t j = 0; j < m; ++j) {
       if (spent >= budget) return npos;
       if (res[j] < 0) continue;
@@ -208,10 +208,7 @@ std::vector<std::vector<std::vector<std::size_t>>> all_class_candidates(
     };
     cands[ci] = class_candidates(class_ranks[ci], lists, time, own_time);
   };
-  if (parallel)
-    parallel(class_ranks.size(), find);
-  else
-    for (std::size_t k = 0; k < class_ranks.size(); ++k) find(k);
+  run_tasks(parallel, class_ranks.size(), find);
   return cands;
 }
 }  // namespace

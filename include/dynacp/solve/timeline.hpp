@@ -49,6 +49,18 @@ double score(const Plan& plan, const Batch& batch, const Cluster& cluster, const
 std::optional<Plan> best_of(std::vector<Plan> candidates, const Batch& batch, const Cluster& cluster,
                             const CostModel& cost, const PlanOptions& options);
 
+/// Runs f(i) for every i in [0, n), possibly on several threads; callers keep each result in its own slot.
+using ParallelFor = std::function<void(std::size_t n, const std::function<void(std::size_t)>& f)>;
+
+/// f(i) for every i in [0, n): on `parallel` when one is given, else in index order on this thread.
+template <class F>
+void run_tasks(const ParallelFor& parallel, std::size_t n, F&& f) {
+  if (parallel)
+    parallel(n, f);
+  else
+    for (std::size_t i = 0; i < n; ++i) f(i);
+}
+
 /// Ring order polish of a pipelined plan whose score is t. A plan is a global order of its groups (slot by slot),
 /// and any global order keeps every two groups in one order on all the ranks they share, so it cannot deadlock;
 /// laid out again as early as each rank allows (a group's slot is one past its ranks' last), every rank keeps its
@@ -59,9 +71,7 @@ std::optional<Plan> best_of(std::vector<Plan> candidates, const Batch& batch, co
 /// that shares ranks with that rank's rings (what they wait for) before another ring on its ranks or after their
 /// last. The score decides (first improvement, at most 64 scorings). Returns the plan unchanged (same slots) when no
 /// move lowers the score, else the moved order laid out anew. Every rank keeps its groups and its microbatch count.
-/// Runs f(i) for every i in [0, n), possibly on several threads; callers keep each result in its own slot.
-using ParallelFor = std::function<void(std::size_t n, const std::function<void(std::size_t)>& f)>;
-
+/// `parallel` (optional) scores the moves as many at a time as the solve has threads; the plan does not depend on it.
 Plan reorder_rings(Plan plan, double t, const Batch& batch, const Cluster& cluster, const CostModel& cost,
                    const PlanOptions& options, const ParallelFor& parallel = {});
 

@@ -173,12 +173,8 @@ std::vector<CountRule> SearchContext::count_rules(const Plan& p) const {
 
 std::vector<std::vector<std::pair<std::size_t, int>>> SearchContext::ring_sets(const std::vector<RingQuery>& queries) {
   std::vector<std::vector<std::pair<std::size_t, int>>> out(queries.size());
-  std::vector<char> done(queries.size(), 0);
-  run.for_each(queries.size(), [&](std::size_t i) {
-    out[i] = b.ring_set(queries[i].target, queries[i].mu, queries[i].tile), done[i] = 1;
-  });
-  for (std::size_t i = 0; i < queries.size(); ++i)  // past the time limit for_each skips tasks: complete them here
-    if (!done[i]) out[i] = b.ring_set(queries[i].target, queries[i].mu, queries[i].tile);
+  run.for_each_to_end(queries.size(),  // every set, past the time limit too: the walks compare all of them
+                      [&](std::size_t i) { out[i] = b.ring_set(queries[i].target, queries[i].mu, queries[i].tile); });
   return out;
 }
 

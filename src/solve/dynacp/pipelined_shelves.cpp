@@ -186,10 +186,7 @@ std::vector<std::vector<Ring>> Builder::pipelined_shelves(int pp, std::size_t ke
     else
       parts[k].shelve(rest, w, P - w, {Ring{s.giants[0], w, s.T[0][w], 0}});
   };
-  if (parallel)
-    parallel(widths.size(), search);
-  else
-    for (std::size_t k = 0; k < widths.size(); ++k) search(k);
+  run_tasks(parallel, widths.size(), search);
   for (const auto& part : parts)
     for (const auto& [t, rings] : part.top) s.admit(t, rings);
   return s.best();
