@@ -36,7 +36,8 @@ from dynacp.planner.timing import TimeBreakdown, bubble_fractions, step_time, tp
 __all__ = [
     "BatchConfig", "Candidate", "ClusterConfig", "ConfigTable", "Efficiency", "Layout", "MemoryBreakdown",
     "ModelConfig",
-    "ParamCounts", "PlannerOptions", "RECOMPUTE_MODULES", "Row", "TimeBreakdown", "bubble_fractions", "check", "cluster_preset", "configs",
+    "ParamCounts", "PlannerOptions", "RECOMPUTE_MODULES", "Row", "TimeBreakdown", "bubble_fractions", "check",
+    "cluster_preset", "configs",
     "divisors", "enumerate_layouts", "memory_breakdown", "model_preset", "model_warnings", "param_counts",
     "params_per_gpu", "preset_names", "recompute_module_options", "stage_split", "step_time", "tp_message_volume",
 ]

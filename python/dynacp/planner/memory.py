@@ -19,7 +19,7 @@ rank, T = b*s/c tokens per rank per micro-batch):
   probabilities inside the activation. That known over-estimate is left in, see docs/planner.md).
   ``recompute_mlp`` keeps 2h for dense MLPs only (Megatron's ``mlp`` module), ``recompute_moe`` 2h for MoE layers
   (its ``moe`` module). ``recompute_layernorm`` drops the two norm outputs, ``recompute_moe_act`` /
-  ``recompute_mlp_act`` the activation-function outputs (:func:`_recomputed_bytes_per_token`). Full
+  ``recompute_mlp_act`` the activation-function outputs (:func:`_elementwise_dropped_bytes`). Full
   recompute keeps 2h per layer plus one layer's working set. Stage i (0-based) holds min(p - i, m) micro-batches
   of its layers (interleaved: min(p + (p - 2i - 1)/v, m), Megatron's warm-up; :func:`in_flight`); the first,
   the second and the last stage are priced and the largest reported. The first stage adds Megatron's input-id and
@@ -249,12 +249,12 @@ def _layer_bytes_per_token(model: ModelConfig, opts: PlannerOptions, seq: int) -
         dense = 2.0 * h
     if opts.recompute_moe and model.moe_layers:  # only the MoE layer's input survives the forward
         moe = 2.0 * h
-    drop = _recomputed_bytes_per_token(model, opts)
+    drop = _elementwise_dropped_bytes(model, opts)
     return {"attn": attn_lin + scores - drop["attn"], "linear_attn": attn_lin - drop["linear_attn"],
             "dense_mlp": dense - drop["dense_mlp"], "moe_mlp": moe - drop["moe_mlp"]}
 
 
-def _recomputed_bytes_per_token(model: ModelConfig, opts: PlannerOptions) -> Dict[str, float]:
+def _elementwise_dropped_bytes(model: ModelConfig, opts: PlannerOptions) -> Dict[str, float]:
     """Bytes per token of one layer of each kind that the elementwise recomputes do not keep, before / TP:
     ``recompute_layernorm`` the two norm outputs ((2 - FP8) h each: the QKV / MLA down-projection input, the fc1
     input; 2h for a MoE layer's router and dispatch input, which is never an FP8 cast), ``recompute_mlp_act`` a

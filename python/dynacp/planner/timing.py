@@ -9,8 +9,9 @@ what overlaps, and the pipeline bubble.
   Full recompute re-runs one forward (x 4/3), ``recompute_mlp`` the dense MLPs', ``recompute_moe`` the MoE
   layers' (with their all-to-alls), ``recompute_mla_up_proj`` MLA's up-projections'; the memory-bound kernels move
   every activation byte a forward produces, and the bytes any recompute module drops from memory once more (the
-  backward produces them again). A dropless MoE layer takes at least ``Efficiency.moe_layer_floor`` per micro-batch (host-bound). ``PlannerOptions.mfu`` set to a
-  number replaces all of this by FLOPs / (mfu x peak), the earlier constant model.
+  backward produces them again). A dropless MoE layer takes at least ``Efficiency.moe_layer_floor`` per micro-batch
+  (host-bound). ``PlannerOptions.mfu`` set to a number replaces all of this by FLOPs / (mfu x peak), the earlier
+  constant model.
 * Communication per micro-batch per GPU (nccl-tests bus-bandwidth convention): TP 4 all-reduce equivalents per
   layer of b (s/c) h 2 bytes (6 with full recompute), on NVLink when the group fits in a node, only
   ``tp_exposed`` of it counted with TP comm overlap; CP ring KV 3 (c-1) T 2 g_t d_h 2 bytes per attention layer,
