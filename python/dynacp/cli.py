@@ -3,7 +3,8 @@
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)`` (which registers the parser and sets
 ``func``); this file only collects them and adds what every command shares: ``--version`` and the logging flags
-``-v``/``-q`` (accepted before or after the command name).
+``-v``/``-q`` (accepted before or after the command name). Options that several commands take are defined once in
+:mod:`dynacp.commands.options`.
 
 Exit status: 0 success; 1 the command ran but a requested strategy failed (``compare``, ``report``); 2 bad input
 (the message names it).
@@ -18,6 +19,7 @@ import sys
 from typing import List, Optional
 
 from dynacp import log
+from dynacp.commands import options
 
 # name -> module implementing add_parser(subparsers)
 SUBCOMMANDS = {
@@ -38,16 +40,8 @@ def version_text() -> str:
     return f"dynacp {dynacp.__version__} (python {sys.version.split()[0]}, numpy {np.__version__})"
 
 
-def verbosity_parent(suppress: bool) -> argparse.ArgumentParser:
-    """The ``-v``/``-q`` flags; ``suppress`` leaves them unset when absent (for subparsers, so that flags given
-    before the command name are not overwritten by the subparser's defaults)."""
-    p = argparse.ArgumentParser(add_help=False)
-    g = p.add_argument_group("logging")
-    g.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS if suppress else 0,
-                   help="more log output on stderr: -v info, -vv debug (solve statistics of every plan)")
-    g.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS if suppress else False,
-                   help="errors only: no warnings, no progress bars")
-    return p
+#: The ``-v``/``-q`` flags (defined with the other shared options in :mod:`dynacp.commands.options`).
+verbosity_parent = options.logging_parent
 
 
 def build_parser() -> argparse.ArgumentParser:

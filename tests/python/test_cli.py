@@ -108,3 +108,77 @@ def test_wikipedia_table_matches_the_public_file(shared_data) -> None:
     # published: median 347, mean 1,014 (before the 128K cap), 27.5 % of tokens from documents >= 8K
     assert 330 <= s["p50"] <= 365
     assert 0.25 <= s["tokens_ge_8k"] <= 0.30
+
+
+#: Every option string each command's parser had before the shared options moved to dynacp.commands.options
+#: (captured at commit 67c0210 from dynacp.cli.build_parser()); `-h` must keep listing every one.
+FLAGS_AT_67C0210 = {
+    "dynacp": "--help --quiet --verbose --version -h -q -v",
+    "calibrate": "--help --quiet --verbose -h -q -v",
+    "calibrate fit": "--distca --form --help --json --layers --name --out --quiet --tp --verbose -h -q -v",
+    "calibrate profile": "--help --max-tokens --model --out --passes --quiet --ranks-per-node --repeats --verbose "
+                         "--warmup --world-size -h -q -v",
+    "compare": "--batches --cost --count-policy --dist --gbs --global-batch --global-batch-size --help --hist --json "
+               "--lengths --offset --per-panel-time --pipeline-model-parallel-size --plot --pp --quiet --ranks "
+               "--ranks-per-node --seed --shuffle --strategies --threads --time-limit --tokens-per-rank --verbose "
+               "--virtual-pipeline-model-parallel-size --vpp --wrap -h -q -v",
+    "configs": "--allow-uneven-pp --batches --chunked-ce --cluster --context-parallel-size --cp --ep-divides-dp "
+               "--ep-in-node --etp --fp8 --gbs --global-batch --global-batch-size --grad-dtype --headroom --help "
+               "--json --lengths --max-vpp --mbs --mfu --micro-batch --micro-batch-size --model --no-dp-overlap "
+               "--no-ep-overlap --no-pp-overlap --optimizer --pipeline-model-parallel-size --pp --quiet --recompute "
+               "--recompute-modules --rejected --seed --seq-length --tensor-model-parallel-size --top --tp --verbose "
+               "-h -q -v",
+    "plan": "--cost --count-policy --dist --gbs --global-batch --global-batch-size --help --lengths --offset --out "
+            "--pipeline-model-parallel-size --pp --quiet --ranks --ranks-per-node --seed --shuffle --strategy "
+            "--threads --time-limit --tokens-per-rank --verbose --virtual-pipeline-model-parallel-size --vpp --wrap "
+            "-h -q -v",
+    "report": "--batches --cost --count-policy --dist --gbs --global-batch --global-batch-size --help --lengths "
+              "--offset --out --pipeline-model-parallel-size --pp --quiet --ranks --ranks-per-node --seed --shuffle "
+              "--strategies --threads --time-limit --title --tokens-per-rank --verbose "
+              "--virtual-pipeline-model-parallel-size --vpp --wrap -h -q -v",
+}
+
+
+def _parsers() -> dict:
+    """Every parser of the ``dynacp`` command line by its command path (``"calibrate fit"``; ``"dynacp"`` the top)."""
+    import argparse
+
+    from dynacp.cli import build_parser
+
+    out, todo = {}, [("dynacp", build_parser())]
+    while todo:
+        path, p = todo.pop()
+        out[path] = p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                todo += [(name if path == "dynacp" else f"{path} {name}", sp) for name, sp in a.choices.items()]
+    return out
+
+
+def test_every_command_keeps_every_flag_it_had() -> None:
+    parsers = _parsers()
+    assert set(parsers) == set(FLAGS_AT_67C0210)
+    for path, p in parsers.items():
+        got = sorted(s for a in p._actions for s in a.option_strings)
+        assert got == sorted(FLAGS_AT_67C0210[path].split()), path
+        text = p.format_help()
+        assert all(flag in text for flag in got), f"{path} -h does not list every flag"
+
+
+def test_a_shared_option_reads_alike_in_every_command_that_takes_it() -> None:
+    """compare, plan and report take the cluster, cost and lengths options from one definition: same flags, defaults
+    and help (plan's --gbs help says what its own default is)."""
+    parsers = _parsers()
+
+    def actions(path: str) -> dict:
+        return {a.option_strings[0]: (tuple(a.option_strings), a.default, a.help, a.type)
+                for a in parsers[path]._actions if a.option_strings}
+
+    compare, plan, report = actions("compare"), actions("plan"), actions("report")
+    shared = ["--ranks", "--ranks-per-node", "--tokens-per-rank", "--cost", "--pp", "--vpp", "--count-policy",
+              "--threads", "--time-limit", "--dist", "--lengths", "--offset", "--shuffle", "--wrap", "--seed"]
+    for flag in shared:
+        assert compare[flag] == plan[flag] == report[flag], flag
+    assert compare["--gbs"] == report["--gbs"] and plan["--gbs"][:2] == compare["--gbs"][:2]
+    assert compare["--batches"] == report["--batches"]
+    assert compare["--ranks-per-node"][1:] == (8, "ranks (GPUs) per node (default 8)", int)

@@ -13,22 +13,24 @@ import json
 import sys
 from typing import Optional
 
+from dynacp.commands import options
+
 
 def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) -> None:
-    p = sub.add_parser("calibrate", parents=parents or [], help="profile this machine and fit the cost model to it",
-                       description="Measure this machine (`dynacp calibrate profile`) and fit the cost "
-                       "model to the measurements (`dynacp calibrate fit`); docs/calibration.md.")
+    p = options.command(sub, "calibrate", parents, "profile this machine and fit the cost model to it",
+                        "Measure this machine (`dynacp calibrate profile`) and fit the cost model to the measurements "
+                        "(`dynacp calibrate fit`); docs/calibration.md.")
     cal = p.add_subparsers(dest="calibrate_command", metavar="STEP")
     cal.required = True
-    pr = cal.add_parser("profile", parents=parents or [], help="micro-benchmarks -> a profile file",
-                        description="Times the runtime's ring attention (THD packs, causal and full, forward + "
-                        "backward), the model's linear work and the ring P2P exchange on WORLD processes (gloo on "
-                        "CPU, NCCL on GPUs) and writes a versioned profile file (docs/calibration.md).")
-    pr.add_argument("--out", required=True, metavar="FILE", help="profile file to write (JSON)")
-    pr.add_argument("--model", default="tiny", help="'tiny' (default; small enough for a CPU), a planner model "
-                    "preset name or a model JSON file (layers, hidden, heads, KV heads, head dim, FFN width)")
+    pr = options.command(cal, "profile", parents, "micro-benchmarks -> a profile file",
+                         "Times the runtime's ring attention (THD packs, causal and full, forward + backward), the "
+                         "model's linear work and the ring P2P exchange on WORLD processes (gloo on CPU, NCCL on GPUs) "
+                         "and writes a versioned profile file (docs/calibration.md).")
+    options.add(pr, "--out", required=True, help="profile file to write (JSON)")
+    options.add(pr, "--model", default="tiny", help="'tiny' (default; small enough for a CPU), a planner model preset "
+                "name or a model JSON file (layers, hidden, heads, KV heads, head dim, FFN width)")
     pr.add_argument("--world-size", type=int, default=2, help="processes (ranks) to spawn (default 2)")
-    pr.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: all on one node)")
+    options.add(pr, "--ranks-per-node", default=None, help="ranks per node (default: all on one node)")
     pr.add_argument("--max-tokens", type=int, default=None,
                     help="longest pack in tokens (default 1024 on CPU, 32768 on CUDA)")
     pr.add_argument("--repeats", type=int, default=5, help="timed runs per point (default 5)")
@@ -37,22 +39,23 @@ def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) 
                     "runs, so that a burst of load from other processes hits only some of them (default 5; 1: "
                     "every point's runs back to back)")
     pr.set_defaults(func=run_profile)
-    ft = cal.add_parser("fit", parents=parents or [], help="fit the cost model to a profile -> a cost preset",
-                        description="Fits a, b, c, the causal factor, kv_bytes_per_token and the links by least "
-                        "squares on relative error of whole-group times, prints the fit report (rms / max relative "
-                        "error per term and length band; POOR marks a poor fit, also logged as a warning) and "
-                        "writes a cost preset for --cost FILE.")
+    ft = options.command(cal, "fit", parents, "fit the cost model to a profile -> a cost preset",
+                         "Fits a, b, c, the causal factor, kv_bytes_per_token and the links by least squares on "
+                         "relative error of whole-group times, prints the fit report (rms / max relative error per "
+                         "term and length band; POOR marks a poor fit, also logged as a warning) and writes a cost "
+                         "preset for --cost FILE.")
     src = ft.add_mutually_exclusive_group(required=True)
     src.add_argument("profile", nargs="?", help="profile file written by `dynacp calibrate profile`")
     src.add_argument("--distca", metavar="DIR", help="fit the distca H100 CSV files in DIR instead")
-    ft.add_argument("--out", required=True, metavar="FILE", help="cost preset file to write (JSON)")
+    options.add(ft, "--out", required=True, help="cost preset file to write (JSON)")
     ft.add_argument("--name", default="calibrated", help="the preset's name (default %(default)s)")
-    ft.add_argument("--tp", type=int, default=1, help="with --distca: tensor-parallel degree of the attention rows")
+    options.add(ft, "--tp", aliases=False, type=int, default=1,
+                help="with --distca: tensor-parallel degree of the attention rows")
     ft.add_argument("--layers", type=int, default=32, help="with --distca: layers of the step (default 32)")
     ft.add_argument("--form", choices=("classic", "extended"), default=None,
                     help="model form to fit: 'extended' adds the per-document terms (docs/cost_model.md); default "
                     "extended with --distca, classic for a profile")
-    ft.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
+    options.add(ft, "--json", help="print the report as JSON instead of text")
     ft.set_defaults(func=run_fit)
 
 

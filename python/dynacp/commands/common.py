@@ -1,9 +1,8 @@
-"""Options shared by the CLI subcommands: the cluster, the cost model, where batches come from, progress bars.
+"""What the CLI subcommands share once their options are parsed: the cluster and cost model, the global batches,
+progress bars, run metadata (the options themselves are defined in :mod:`dynacp.commands.options`).
 
-One vocabulary for every command (``compare``, ``plan``, ``report``, ``configs``): short names first, the long
-names Megatron-LM users know accepted as aliases (``--gbs`` = ``--global-batch-size``, ``--pp`` =
-``--pipeline-model-parallel-size``, ...). Sequence ids are 0-based everywhere: sequence i of a batch is entry i of
-its lengths array, and a plan records which entry of the lengths file each one came from.
+Sequence ids are 0-based everywhere: sequence i of a batch is entry i of its lengths array, and a plan records which
+entry of the lengths file each one came from.
 """
 
 from __future__ import annotations
@@ -17,71 +16,17 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional
 import numpy as np
 
 from dynacp import _core, distributions
+from dynacp.commands import options
 
 logger = logging.getLogger(__name__)
 
-# canonical flag -> aliases (Megatron-LM's long names, and the names older dynacp versions used)
-ALIASES: Dict[str, List[str]] = {
-    "--gbs": ["--global-batch-size", "--global-batch"],
-    "--mbs": ["--micro-batch-size", "--micro-batch"],
-    "--pp": ["--pipeline-model-parallel-size"],
-    "--vpp": ["--virtual-pipeline-model-parallel-size"],
-    "--tp": ["--tensor-model-parallel-size"],
-    "--cp": ["--context-parallel-size"],
-}
-
-
-def flags(name: str) -> List[str]:
-    """``name`` and its aliases, for ``add_argument``."""
-    return [name, *ALIASES.get(name, [])]
-
-
-def add_cluster_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("cluster and cost model")
-    g.add_argument("--ranks", type=int, default=64,
-                   help="ranks P (GPUs) in the DP x CP pool (default 64)")
-    g.add_argument("--ranks-per-node", type=int, default=8, help="ranks (GPUs) per node (default 8)")
-    g.add_argument("--tokens-per-rank", type=int, default=16384,
-                   help="activation budget: tokens one rank holds per microbatch (default 16384)")
-    g.add_argument("--cost", default="bytescale-fig6a", help=f"cost preset: {', '.join(_core.preset_names())} "
-                   "(default %(default)s; docs/cost_model.md), or a cost preset file written by `dynacp calibrate "
-                   "fit` (its measured links set the cluster's; docs/calibration.md)")
-    g.add_argument(*flags("--pp"), dest="pp", type=int, default=1,
-                   help="pipeline stages per rank of the pool (default 1 = no pipeline)")
-    g.add_argument(*flags("--vpp"), dest="vpp", type=int, default=1,
-                   help="virtual (interleaved) stages per pipeline stage (default 1)")
-    g.add_argument("--count-policy", choices=["equal", "variable"], default="variable",
-                   help="microbatch counts per rank when pp > 1: equal, or variable per rank (default variable)")
-    s = p.add_argument_group("dynacp solver")
-    s.add_argument("--threads", type=int, default=0,
-                   help="threads that build and score dynacp's candidates (default 0 = every hardware thread; the "
-                   "plan is the same for any count)")
-    s.add_argument("--time-limit", dest="time_limit", type=float, default=None, metavar="SECONDS",
-                   help="stop building dynacp candidates after this many seconds and keep the best plan so far "
-                   "(default: no limit)")
+# the option definitions live in dynacp.commands.options; these two names stay importable from here
+ALIASES, flags = options.ALIASES, options.flags
 
 
 def solver_kwargs(args: argparse.Namespace) -> dict:
     """The dynacp solver options of the command line, as keyword arguments of :func:`dynacp.plan`."""
     return {"threads": args.threads, "time_limit": args.time_limit}
-
-
-def add_batch_args(p: argparse.ArgumentParser, gbs_help: str = "sequences per global batch (default 512)") -> None:
-    g = p.add_argument_group("global batches")
-    src = g.add_mutually_exclusive_group()
-    src.add_argument("--dist", default=distributions.names()[0],
-                     help=f"embedded length distribution: {', '.join(distributions.names())} (default %(default)s)")
-    src.add_argument("--lengths", metavar="FILE",
-                     help="lengths file: one integer (tokens) per line, or a 1-D .npy. Batch k holds entries "
-                     "[offset + k*gbs, offset + (k+1)*gbs) of the file (0-based, blank lines skipped)")
-    g.add_argument(*flags("--gbs"), dest="gbs", type=int, default=None, help=gbs_help)
-    g.add_argument("--offset", type=int, default=0,
-                   help="with --lengths: 0-based entry of the file the first batch starts at (default 0)")
-    g.add_argument("--shuffle", action="store_true",
-                   help="with --lengths: draw batches from a permutation of the file seeded by --seed")
-    g.add_argument("--wrap", action="store_true",
-                   help="with --lengths: reuse entries from the start when the file is too short (default: error)")
-    g.add_argument("--seed", type=int, default=None, help="seed of --dist sampling and of --shuffle (default 0)")
 
 
 def cluster_and_cost(args: argparse.Namespace) -> tuple:

@@ -13,7 +13,7 @@ import numpy as np
 
 from dynacp import _core
 from dynacp.api import plan as make_plan
-from dynacp.commands import common
+from dynacp.commands import common, options
 
 #: Strategies planned in Python rather than the C++ registry: the names of
 #: dynacp.integration.megatron_core.PEER_STRATEGIES, written here so that `dynacp compare` imports that module (and
@@ -50,24 +50,28 @@ def columns_help() -> str:
 
 
 def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) -> None:
-    p = sub.add_parser(
-        "compare", parents=parents or [],
-        help="compare strategies on sampled global batches",
-        description="Plans K global batches with each strategy and prints predicted step time, speed-up over "
-        "`packing`, gap to the lower bound, rank imbalance, peak tokens per rank and solve time.",
-        epilog=columns_help(), formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    common.add_batch_args(p)
-    p.add_argument("--batches", type=int, default=8, help="global batches K (count, default 8)")
-    p.add_argument("--strategies", help="comma-separated strategy names (default: all registered); also "
-                   "`megatron-core`: Megatron-Core 0.16.1's released scheduler (pp = 1; needs megatron-core)")
-    common.add_cluster_args(p)
+    p = options.command(
+        sub, "compare", parents, "compare strategies on sampled global batches",
+        "Plans K global batches with each strategy and prints predicted step time, speed-up over `packing`, gap to "
+        "the lower bound, rank imbalance, peak tokens per rank and solve time.",
+        epilog=columns_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_comparison_options(p, peers=True)
     add_output_args(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object: metadata, columns, strategies")
+    options.add(p, "--json", help="print one JSON object: metadata, columns, strategies")
     p.set_defaults(func=run)
 
 
+def add_comparison_options(p: argparse.ArgumentParser, peers: bool) -> None:
+    """What :func:`run_comparison` reads, for ``compare`` and ``report``: the batches, the strategies (``peers``: the
+    help names the Python-side peers), the cluster and cost model."""
+    options.add_lengths(p)
+    options.add(p, "--batches")
+    options.add_strategy(p, many=True, peers=peers)
+    options.add_cluster(p)
+
+
 def add_output_args(p: argparse.ArgumentParser) -> None:
+    """The plots ``compare`` can draw (``report`` draws its own)."""
     g = p.add_argument_group("plots")
     g.add_argument("--plot", metavar="FILE.png", help="Gantt chart of the first batch, one panel per strategy")
     g.add_argument("--hist", metavar="FILE.png", help="histogram of the sequence lengths of all the batches")

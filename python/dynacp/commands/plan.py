@@ -7,25 +7,20 @@ import json
 import sys
 from typing import Any, Dict, Optional
 
-from dynacp import _core
 from dynacp.api import plan as make_plan
-from dynacp.commands import common
+from dynacp.commands import common, options
 
 
 def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) -> None:
-    p = sub.add_parser(
-        "plan", parents=parents or [],
-        help="plan one global batch and write the plan as JSON",
-        description="Plans one global batch and writes the plan (docs/plan_format.md) with a 'source' object: the "
-        "lengths file, offset and seed, and for every sequence id i the 0-based file entry it came from "
-        "(source.entries[i]).",
-    )
-    common.add_batch_args(p, gbs_help="sequences in the batch (default: every entry of --lengths FILE from "
-                          "--offset on; 512 with --dist)")
-    p.add_argument("--strategy", default="dynacp",
-                   help=f"one of {', '.join(_core.strategy_names())} (default %(default)s)")
-    p.add_argument("--out", metavar="FILE", help="write the plan JSON here (default: stdout)")
-    common.add_cluster_args(p)
+    p = options.command(
+        sub, "plan", parents, "plan one global batch and write the plan as JSON",
+        "Plans one global batch and writes the plan (docs/plan_format.md) with a 'source' object: the lengths file, "
+        "offset and seed, and for every sequence id i the 0-based file entry it came from (source.entries[i]).")
+    options.add_lengths(p, gbs_help="sequences in the batch (default: every entry of --lengths FILE from --offset on; "
+                        "512 with --dist)")
+    options.add_strategy(p, many=False)
+    options.add(p, "--out", help="write the plan JSON here (default: stdout)")
+    options.add_cluster(p)
     p.set_defaults(func=run)
 
 

@@ -6,24 +6,18 @@ import argparse
 import sys
 from typing import Optional
 
-from dynacp.commands import common, compare
+from dynacp.commands import compare, options
 
 
 def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) -> None:
-    p = sub.add_parser(
-        "report", parents=parents or [],
-        help="compare strategies and write one self-contained HTML page",
-        description="Runs what `dynacp compare` runs (same flags) and writes one HTML file that opens offline: the "
-        "comparison table, a Gantt chart per strategy of the first batch, a histogram of the sequence lengths and "
-        "the run's metadata.",
-        epilog=compare.columns_help(), formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--out", metavar="FILE.html", required=True, help="the HTML file to write")
+    p = options.command(
+        sub, "report", parents, "compare strategies and write one self-contained HTML page",
+        "Runs what `dynacp compare` runs (same flags) and writes one HTML file that opens offline: the comparison "
+        "table, a Gantt chart per strategy of the first batch, a histogram of the sequence lengths and the run's "
+        "metadata.", epilog=compare.columns_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    options.add(p, "--out", metavar="FILE.html", required=True, help="the HTML file to write")
     p.add_argument("--title", default="dynacp report", help="page title (default %(default)r)")
-    common.add_batch_args(p)
-    p.add_argument("--batches", type=int, default=8, help="global batches K (count, default 8)")
-    p.add_argument("--strategies", help="comma-separated strategy names (default: all registered)")
-    common.add_cluster_args(p)
+    compare.add_comparison_options(p, peers=False)
     p.set_defaults(func=run, plot=None, hist=None, per_panel_time=False)
 
 

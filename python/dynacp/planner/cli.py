@@ -20,28 +20,24 @@ from dynacp.planner.presets import preset_names
 
 
 def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) -> None:
-    """Register the ``configs`` subcommand (flag names shared with the other commands, Megatron-LM's long names
-    accepted as aliases: see ``dynacp.commands.common.ALIASES``)."""
-    from dynacp.commands.common import flags
+    """Register the ``configs`` subcommand (options shared with the other commands, Megatron-LM's long names
+    accepted as aliases, come from :mod:`dynacp.commands.options`)."""
+    from dynacp.commands import options
 
-    p = sub.add_parser(
-        "configs", parents=parents or [],
-        help="enumerate and rank TP/PP/CP/EP/DP layouts of a model on a cluster",
-        description="Enumerates every (TP, PP, CP, EP, ETP, DP, VPP) with TP*PP*CP*DP = W, prices per-GPU memory and "
-        "step time, ranks the feasible layouts and gives a one-line reason for each rejected one. With --lengths, "
-        "each feasible layout is also planned by the per-batch scheduler (static packing vs dynamic CP).",
-    )
-    p.add_argument("--model", required=True,
-                   help=f"model JSON file or preset ({', '.join(preset_names('model'))})")
+    p = options.command(
+        sub, "configs", parents, "enumerate and rank TP/PP/CP/EP/DP layouts of a model on a cluster",
+        "Enumerates every (TP, PP, CP, EP, ETP, DP, VPP) with TP*PP*CP*DP = W, prices per-GPU memory and step time, "
+        "ranks the feasible layouts and gives a one-line reason for each rejected one. With --lengths, each feasible "
+        "layout is also planned by the per-batch scheduler (static packing vs dynamic CP).")
+    options.add(p, "--model", required=True, help=f"model JSON file or preset ({', '.join(preset_names('model'))})")
     p.add_argument("--cluster", required=True,
                    help=f"cluster JSON file or preset ({', '.join(preset_names('cluster'))})")
     g = p.add_argument_group("batch")
-    g.add_argument(*flags("--gbs"), dest="gbs", type=int, default=256,
-                   help="sequences (or packs) per optimizer step (default 256)")
-    g.add_argument(*flags("--mbs"), dest="mbs", type=int, default=1, help="sequences per micro-batch (default 1)")
+    options.add(g, "--gbs", default=256, help="sequences (or packs) per optimizer step (default 256)")
+    options.add(g, "--mbs", default=1, help="sequences per micro-batch (default 1)")
     g.add_argument("--seq-length", type=int, default=4096, help="tokens per sequence or pack (default 4096)")
-    g.add_argument("--lengths", metavar="FILE|DIST",
-                   help="length distribution: a file (one integer per line, or .npy) or an embedded distribution")
+    options.add(g, "--lengths", metavar="FILE|DIST",
+                help="length distribution: a file (one integer per line, or .npy) or an embedded distribution")
     o = p.add_argument_group("training options")
     o.add_argument("--optimizer", choices=OPTIMIZERS, default="distributed",
                    help="data-parallel sharding of the model states: distributed (Megatron's distributed optimizer, "
@@ -57,11 +53,9 @@ def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) 
     o.add_argument("--chunked-ce", action="store_true", help="fused/chunked cross-entropy")
     o.add_argument("--etp", choices=ETP_CHOICES, default="any", help="expert TP: 1, =TP, or any (default)")
     o.add_argument("--ep-divides-dp", action="store_true", help="require EP | DP (no MoE parallel folding)")
-    o.add_argument(*flags("--cp"), dest="cp", metavar="LIST", help="allowed CP degrees, comma-separated (default: all)")
-    o.add_argument(*flags("--tp"), dest="tp", metavar="LIST",
-                   help="show only layouts with these TP degrees, comma-separated (default: all)")
-    o.add_argument(*flags("--pp"), dest="pp", metavar="LIST",
-                   help="show only layouts with these PP degrees, comma-separated (default: all)")
+    options.add(o, "--cp", metavar="LIST", help="allowed CP degrees, comma-separated (default: all)")
+    options.add(o, "--tp", metavar="LIST", help="show only layouts with these TP degrees, comma-separated (default: all)")
+    options.add(o, "--pp", metavar="LIST", help="show only layouts with these PP degrees, comma-separated (default: all)")
     o.add_argument("--max-vpp", type=int, default=1, help="largest interleaving (virtual pipeline) degree (default 1)")
     o.add_argument("--allow-uneven-pp", action="store_true", help="accept PP not dividing the layers")
     o.add_argument("--headroom", type=float, default=PlannerOptions.memory_headroom,
@@ -76,12 +70,12 @@ def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) 
     o.add_argument("--no-ep-overlap", action="store_true",
                    help="count the EP all-to-alls as fully exposed (default: a share hidden by EP comm overlap)")
     o.add_argument("--ep-in-node", action="store_true", help="keep ETP x EP groups inside a node")
-    o.add_argument("--batches", type=int, default=4, help="global batches sampled with --lengths (count, default 4)")
-    o.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    options.add(o, "--batches", default=4, help="global batches sampled with --lengths (count, default 4)")
+    options.add(o, "--seed", default=0, help="sampling seed (default 0)")
     out = p.add_argument_group("output")
     out.add_argument("--top", type=int, default=10, help="feasible layouts to print (default 10)")
     out.add_argument("--rejected", action="store_true", help="list every rejected layout with its reason")
-    out.add_argument("--json", action="store_true", help="print the whole table as JSON (bytes and seconds)")
+    options.add(out, "--json", help="print the whole table as JSON (bytes and seconds)")
     p.set_defaults(func=run)
 
 
