@@ -23,17 +23,15 @@ import torch.distributed as dist
 import dynacp
 from dynacp.integration import (
     Planner,
-    cp_attention,
     finalize_grads,
     get_wrapper,
     gpt_flops,
     make_process_groups,
-    masked_token_loss,
     report_loss,
     ring_attention_available,
     wrap_data_iterator,
 )
-from dynacp.integration.tiny_gpt import TinyGPT, TinyGPTConfig
+from dynacp.integration.tiny_gpt import TinyGPT, TinyGPTConfig, microbatch_loss
 
 
 def parse_args() -> argparse.Namespace:
@@ -94,9 +92,7 @@ def main() -> None:
         opt.zero_grad()
         loss_sum, count = 0.0, 0.0
         for mb in it:
-            p = mb["packed_seq_params"]
-            logits = model(mb["tokens"], mb["position_ids"], lambda q, k, v, p=p: cp_attention(q, k, v, p, impl=attn_impl))
-            ls, c = masked_token_loss(logits, mb["labels"], mb["loss_mask"])
+            ls, c = microbatch_loss(model, mb, impl=attn_impl)
             ls.backward()
             loss_sum += float(ls.detach())
             count += float(c)

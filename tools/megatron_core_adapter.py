@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from megatron_core_common import add_workload_options, pool  # this folder, first on sys.path for a script
 
 import dynacp
 from dynacp.integration import megatron_core as mc
@@ -27,15 +28,9 @@ from bench import workloads  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", type=int, default=4, help="batches per workload (default 4)")
-    ap.add_argument("--gbs", type=int, default=512, help="sequences per batch (default 512)")
-    ap.add_argument("--ranks", type=int, default=64, help="DP x CP ranks (default 64)")
-    ap.add_argument("--tokens-per-rank", type=int, default=16384, help="tokens one rank holds (default 16384)")
-    ap.add_argument("--seed", type=int, default=0)
+    add_workload_options(ap, batches=4, seed=0)
     args = ap.parse_args()
-    cost = dynacp.CostModel()
-    cluster = dynacp.Cluster(num_ranks=args.ranks, ranks_per_node=8,
-                             tokens_per_rank=args.tokens_per_rank)
+    cluster, cost = pool(args)
     print(f"P = {args.ranks} (8/node), {args.tokens_per_rank} tokens/rank, GBS {args.gbs}, {args.batches} batches "
           "per row; step times predicted (s), solve times measured (ms)\n")
     print("| workload | released step s | DynacpCPScheduler step s | dynacp step s | DynacpCPScheduler solve ms |")

@@ -16,23 +16,17 @@ import argparse
 import sys
 
 import numpy as np
+from megatron_core_common import add_workload_options, pool  # this folder, first on sys.path for a script
 
-import dynacp
 from dynacp import distributions
 from dynacp.integration.megatron_core import compare_with_reimplementation
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", type=int, default=20, help="batches per workload (default 20)")
-    ap.add_argument("--gbs", type=int, default=512, help="sequences per batch (default 512)")
-    ap.add_argument("--ranks", type=int, default=64, help="DP x CP ranks (default 64)")
-    ap.add_argument("--tokens-per-rank", type=int, default=16384, help="tokens one rank holds (default 16384)")
-    ap.add_argument("--seed", type=int, default=1)
+    add_workload_options(ap, batches=20, seed=1)
     args = ap.parse_args()
-    cost = dynacp.CostModel()
-    cluster = dynacp.Cluster(num_ranks=args.ranks, ranks_per_node=8,
-                             tokens_per_rank=args.tokens_per_rank)
+    cluster, cost = pool(args)
     print(f"P = {args.ranks}, {args.tokens_per_rank} tokens/rank, GBS {args.gbs}, {args.batches} batches per row\n")
     print("| workload | same partition | groups (released / re-impl) | same CP size | widened (released / re-impl) "
           "| re-impl packed groups | step s (released / re-impl) |")

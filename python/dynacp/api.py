@@ -34,6 +34,14 @@ def _as_masks(masks: Optional[ArrayLike], n: int) -> Optional[np.ndarray]:
     return arr.astype(np.int64)
 
 
+def _batch(lengths: ArrayLike, cluster: Optional[_core.Cluster], cost: Optional[_core.CostModel],
+           masks: Optional[ArrayLike]) -> tuple:
+    """``(lengths, cluster, cost, masks)`` as the core takes them: checked int64 lengths, the default ``Cluster()`` and
+    ``CostModel()`` where none is given, the masks checked against the lengths."""
+    arr = _as_lengths(lengths)
+    return arr, cluster or _core.Cluster(), cost or _core.CostModel(), _as_masks(masks, arr.size)
+
+
 def plan(
     lengths: ArrayLike,
     cluster: Optional[_core.Cluster] = None,
@@ -83,13 +91,13 @@ def plan(
         RuntimeError: an anchor's pipelined plan that would deadlock under 1F1B, or ``megatron`` unable to split
             its microbatches to a multiple of ``pp`` under ``vpp > 1`` (Megatron-Core asserts there).
     """
-    arr = _as_lengths(lengths)
+    arr, cluster, cost, masks_ = _batch(lengths, cluster, cost, masks)
     policy = _count_policy(count_policy)
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit must be > 0 seconds (or None for no limit), got {time_limit}")
     options = _core.PlanOptions(strategy=strategy, pp=pp, vpp=vpp, count_policy=policy, tight_bound=tight_bound,
                                 threads=threads, time_limit_s=time_limit or 0.0, tuning=tuning)
-    return _core.plan(arr, cluster or _core.Cluster(), cost or _core.CostModel(), options, _as_masks(masks, arr.size))
+    return _core.plan(arr, cluster, cost, options, masks_)
 
 
 def predict(
@@ -104,10 +112,9 @@ def predict(
     tight_bound: bool = True,
 ) -> _core.Predicted:
     """Re-predict an existing plan (e.g. one read from JSON) under a cost model (``tight_bound`` as in :func:`plan`)."""
-    arr = _as_lengths(lengths)
+    arr, cluster, cost, masks_ = _batch(lengths, cluster, cost, masks)
     options = _core.PlanOptions(strategy=plan_.strategy, pp=pp, vpp=vpp, tight_bound=tight_bound)
-    return _core.predict(plan_, arr, cluster or _core.Cluster(), cost or _core.CostModel(), options,
-                         _as_masks(masks, arr.size))
+    return _core.predict(plan_, arr, cluster, cost, options, masks_)
 
 
 def lower_bound(
@@ -128,9 +135,7 @@ def lower_bound(
     disjoint rings (docs/cost_model.md). It equals ``plan(...).predicted.lower_bound`` (with the same
     ``tight_bound``: ``False`` leaves out the cover term, the slowest part).
     """
-    arr = _as_lengths(lengths)
-    return _core.lower_bound(arr, cluster or _core.Cluster(), cost or _core.CostModel(), _as_masks(masks, arr.size),
-                             int(pp), int(vpp), bool(tight_bound))
+    return _core.lower_bound(*_batch(lengths, cluster, cost, masks), int(pp), int(vpp), bool(tight_bound))
 
 
 def _count_policy(value: Union[str, _core.CountPolicy]) -> _core.CountPolicy:

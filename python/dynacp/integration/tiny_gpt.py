@@ -2,16 +2,20 @@
 
 Everything but attention is per token, so a zigzag CP slice of a microbatch runs through the model unchanged;
 the injected ``attention(q, k, v)`` callable sees this rank's rows and does the cross-token (and cross-rank) work.
+:func:`microbatch_loss` runs one of the wrapper's microbatches through it with CP attention.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from dynacp.integration.attention import cp_attention
+from dynacp.integration.loss import masked_token_loss
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -67,3 +71,12 @@ class TinyGPT(nn.Module):
         for b in self.blocks:
             x = b(x, attention)
         return self.head(self.ln_f(x))
+
+
+def microbatch_loss(model: TinyGPT, mb: dict, **attention: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward one of the wrapper's microbatches (``GlobalBatch.microbatches`` entry) through ``model`` with
+    :func:`~dynacp.integration.attention.cp_attention` on its ``packed_seq_params`` (``attention``: its keyword
+    arguments, e.g. ``impl=``, ``cp_ring=``): ``(Σ masked token loss, Σ loss_mask)`` of this rank's rows."""
+    p = mb["packed_seq_params"]
+    logits = model(mb["tokens"], mb["position_ids"], lambda q, k, v: cp_attention(q, k, v, p, **attention))
+    return masked_token_loss(logits, mb["labels"], mb["loss_mask"])
