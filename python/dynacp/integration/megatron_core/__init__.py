@@ -1,0 +1,47 @@
+"""Megatron-Core integration: the released hybrid-CP scheduler as a measured peer, a dynacp-backed drop-in for it,
+real ``megatron.core`` models trained through dynacp at any per-microbatch CP size, and Megatron-LM main's
+sequence-packing entry point.
+
+* :mod:`~dynacp.integration.megatron_core.peer` -- :func:`released_plan`, the ``megatron-core`` peer of
+  ``dynacp compare`` (the released ``BalancedCPScheduler``'s groups as a dynacp Plan);
+* :mod:`~dynacp.integration.megatron_core.scheduler` -- :class:`DynacpCPScheduler`, the released scheduler's
+  interface backed by dynacp's cost model (:func:`use_dynacp_scheduler`: the one-line switch);
+* :mod:`~dynacp.integration.megatron_core.model` -- :func:`core_attention_spec` and :func:`gpt_layer_spec`: a GPT
+  layer spec whose attention runs every microbatch on its own ring (any CP size, GQA, RoPE, THD document masks);
+* :mod:`~dynacp.integration.megatron_core.batch` -- a dynacp microbatch as ``GPTModel`` inputs and Megatron's
+  ``get_batch_on_this_rank_for_sequence_packing`` tuple, Megatron's per-token ``loss_func`` and ``forward_step``;
+* :mod:`~dynacp.integration.megatron_core.entry` -- Megatron-LM main's ``wrap_data_iterator(data_iterator, config,
+  num_microbatches, pg_collection=None)`` and its ``scheduler_map`` registration;
+* :mod:`~dynacp.integration.megatron_core.cpu` -- the one shim Megatron-Core needs to run on a CPU-only torch.
+
+megatron-core is imported only where needed (its import takes seconds and warns about missing Transformer Engine);
+importing this package does not import it. See docs/integration.md.
+"""
+
+from dynacp.integration.megatron_core.peer import (
+    PEER_NAME,
+    PEER_STRATEGIES,
+    RELEASED_VERSION,
+    PoolSize,
+    SampleIdGroups,
+    plan_from_sample_id_groups,
+    rank_lists_to_slots,
+    released_groups,
+    released_plan,
+    released_scheduler_class,
+)
+from dynacp.integration.megatron_core.scheduler import (
+    DynacpCPScheduler,
+    check_megatron_schedule,
+    compare_with_reimplementation,
+    megatron_blocks,
+    megatron_degrees,
+    use_dynacp_scheduler,
+)
+
+__all__ = [
+    "PEER_NAME", "PEER_STRATEGIES", "RELEASED_VERSION", "DynacpCPScheduler", "PoolSize", "SampleIdGroups",
+    "check_megatron_schedule", "compare_with_reimplementation", "megatron_blocks", "megatron_degrees",
+    "plan_from_sample_id_groups", "rank_lists_to_slots", "released_groups", "released_plan",
+    "released_scheduler_class", "use_dynacp_scheduler",
+]
