@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+import functools
 import logging
 from typing import Any, Iterable, Iterator, Optional
 
@@ -182,13 +183,27 @@ def last_global_batch(data_iterator: Any) -> Any:
     return None if wrapper is None else getattr(wrapper, "last_batch", None)
 
 
-def _rerun_iterator(it: Iterator[dict]) -> Any:
-    """Megatron's ``RerunDataIterator`` over the microbatches (what main returns), or the plain iterator."""
+@functools.lru_cache(maxsize=1)
+def _microbatches_class() -> Optional[type]:
     try:
         from megatron.core.rerun_state_machine import RerunDataIterator
     except ImportError:
-        return it
-    return RerunDataIterator(it)
+        return None
+
+    class Microbatches(RerunDataIterator):
+        """Megatron's ``RerunDataIterator``, iterable with ``for`` as well."""
+
+        def __iter__(self) -> Any:
+            return self
+
+    return Microbatches
+
+
+def _rerun_iterator(it: Iterator[dict]) -> Any:
+    """Megatron's ``RerunDataIterator`` over the microbatches (what main returns; Megatron's rerun state machine
+    expects it), or the plain iterator when megatron-core has none."""
+    cls = _microbatches_class()
+    return it if cls is None else cls(it)
 
 
 def wrap_data_iterator(data_iterator: Any, config: Any, num_microbatches: int, pg_collection: Any = None) -> tuple:
