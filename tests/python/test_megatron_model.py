@@ -200,7 +200,7 @@ def trained() -> list[dict]:
 def test_gpt_model_trains_like_the_single_process_reference(trained, position_embedding_type) -> None:
     runs = [r[position_embedding_type]["steps"] for r in trained]
     reference = trained[0][position_embedding_type]["reference"]
-    sizes = set()
+    sizes, worst = set(), 0.0
     for step, lengths in enumerate(BATCHES):
         sizes.update(runs[0][step]["rings"])
         assert all(r[step]["rings"] == runs[0][step]["rings"] for r in runs), "ranks disagree on the plan"
@@ -212,7 +212,10 @@ def test_gpt_model_trains_like_the_single_process_reference(trained, position_em
             for name, ref in reference[step]["grads"].items():
                 err = _rel_err(run[step]["grads"][name], ref)
                 assert err < RTOL, f"{position_embedding_type} step {step} rank {r} grad {name}: rel err {err:.2e}"
+                worst = max(worst, err)
     assert sizes == {1, 2, 3, 4}, f"ring sizes seen: {sorted(sizes)}"
+    print(f"[{position_embedding_type}] ring sizes {sorted(sizes)}, microbatches/rank per step "
+          f"{[[r[s]['num_mb'] for r in runs] for s in range(len(BATCHES))]}, worst gradient rel err {worst:.1e}")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -150,7 +150,7 @@ class RingCPGroup:
         self.__dict__["_bound"] = None
 
     @staticmethod
-    def _ring_of(p: Any) -> Optional[tuple[int, int]]:
+    def _size_and_rank(p: Any) -> Optional[tuple[int, int]]:
         size = getattr(p, "local_cp_size", None)
         if p is None or size is None:
             return None
@@ -163,7 +163,7 @@ class RingCPGroup:
     def bind(self, packed_seq_params: Any) -> Iterator[None]:
         """Answer for this microbatch inside the block (nests: the previous binding comes back on exit)."""
         saved = self._bound
-        self.__dict__["_bound"] = self._ring_of(packed_seq_params)
+        self.__dict__["_bound"] = self._size_and_rank(packed_seq_params)
         try:
             yield
         finally:
