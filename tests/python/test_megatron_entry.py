@@ -12,24 +12,14 @@ from __future__ import annotations
 import enum
 import inspect
 import logging
-import os
 import types
 
 import pytest
 import torch
+from megatron_testing import megatron_core_installed  # noqa: F401 (autouse fixture)
 
 from dynacp.integration import CPRing, make_packed_seq_params, padded_length, zigzag_global_rows, zigzag_rows
 from dynacp.integration.layout import cumulative
-
-
-@pytest.fixture(autouse=True)
-def _megatron_core_installed() -> None:
-    try:
-        import megatron.core  # noqa: F401
-    except ImportError as exc:  # CI installs it (scripts/setup.sh): a missing package must fail there
-        if os.environ.get("CI"):
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
 
 
 def _params(fn) -> list[tuple[str, object]]:

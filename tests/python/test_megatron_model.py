@@ -23,6 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from gloo_workers import PG_TIMEOUT_S, run_workers
+from megatron_testing import megatron_core_installed, require_megatron_core  # noqa: F401 (autouse fixture)
 from script_loader import ROOT, load_script
 
 RTOL = 1e-5
@@ -38,18 +39,8 @@ LR = 0.5
 POSITIONS = ("rope", "learned_absolute")
 
 
-def _require_megatron_core() -> None:
-    try:
-        import megatron.core  # noqa: F401
-    except ImportError as exc:  # CI installs it (scripts/setup.sh): a missing package must fail there
-        if os.environ.get("CI"):
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
 
 
-@pytest.fixture(autouse=True)
-def _megatron_core_installed() -> None:
-    _require_megatron_core()
 
 
 def global_batch(step: int) -> list[dict]:
@@ -193,6 +184,7 @@ def _train_worker(rank: int, world: int) -> dict:
 
 @pytest.fixture(scope="module")
 def trained() -> list[dict]:
+    require_megatron_core()  # module-scoped fixtures run before the autouse one
     return run_workers(_train_worker, world=4, deadline=420)
 
 
