@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -55,6 +56,15 @@ def global_batch(step: int) -> list[dict]:
 
 def _example():
     return load_script("examples/megatron_gpt.py")
+
+
+def _child_env() -> dict:
+    """The environment of a child Python that imports the same dynacp as this process (the installed package in CI,
+    the source tree with DYNACP_EXT_DIR locally)."""
+    import dynacp
+
+    path = [str(Path(dynacp.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p))
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -296,7 +306,7 @@ def test_missing_megatron_core_is_named() -> None:
     code = ("import sys; sys.modules['megatron'] = None\n"
             "import dynacp.integration.megatron_core as mc\n"
             "try:\n    mc.gpt_layer_spec\nexcept ImportError as e:\n    print('ERR', e)\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]))
+    env = _child_env()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120).stdout
     assert "ERR" in out and "needs megatron-core" in out and "pip install --no-deps megatron-core==0.16.1" in out
 
@@ -305,17 +315,29 @@ def test_unsupported_mask_type_and_spec_without_core_attention_slot() -> None:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
     from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
-    from dynacp.integration.megatron_core import DynacpCoreAttention, core_attention_spec, gpt_layer_spec
+    from dynacp.integration.megatron_core import (
+        DynacpCoreAttention,
+        RingSelfAttention,
+        core_attention_spec,
+        gpt_layer_spec,
+    )
 
     spec = get_gpt_layer_local_spec()
     spec.submodules.self_attention.params["attn_mask_type"] = AttnMaskType.arbitrary
     with pytest.raises(ValueError, match="attn_mask_type.*'arbitrary'"):
         gpt_layer_spec(spec)
     no_slot = ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules())
-    with pytest.raises(ValueError, match="layer spec 0 has no self_attention.submodules.core_attention slot"):
-        gpt_layer_spec(no_slot)
+    with pytest.raises(ValueError, match="layer spec 1 has no self_attention.submodules.core_attention slot"):
+        gpt_layer_spec(TransformerBlockSubmodules(layer_specs=[get_gpt_layer_local_spec(), no_slot]))
+    with pytest.raises(ValueError, match="multi-latent and cross attention are not supported"):
+        gpt_layer_spec(get_gpt_layer_local_spec(multi_latent_attention=True))
+    block = gpt_layer_spec(TransformerBlockSubmodules(layer_specs=[get_gpt_layer_local_spec()] * 2))
+    assert [s.submodules.self_attention.module for s in block.layer_specs] == [RingSelfAttention] * 2
+    assert [s.submodules.self_attention.submodules.core_attention.module for s in block.layer_specs] == [
+        DynacpCoreAttention] * 2
     with pytest.raises(ValueError, match="kind must be one of"):
         core_attention_spec("flash")
     with pytest.raises(RuntimeError, match="needs TransformerEngine"):
@@ -336,8 +358,8 @@ def test_unsupported_mask_type_and_spec_without_core_attention_slot() -> None:
 
 
 def test_megatron_example_runs_under_torchrun() -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "examples/megatron_gpt.py",
+    env = _child_env()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "examples/megatron_gpt.py",
            "--steps", "2"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
