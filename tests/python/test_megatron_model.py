@@ -176,7 +176,9 @@ def _train(rank: int, position_embedding_type: str, schedule: types.ModuleType) 
     return steps, init
 
 
-def _train_worker(rank: int, world: int) -> dict:
+def _worker(rank: int, world: int) -> dict:
+    """One spawn for every gloo check (megatron-core's import dominates a spawn): the training runs, then the TE
+    kind's run."""
     from dynacp.integration.megatron_core import cpu_shim, register_packing_scheduler
 
     with cpu_shim():
@@ -189,19 +191,20 @@ def _train_worker(rank: int, world: int) -> dict:
         for pos in POSITIONS:
             steps, init = _train(rank, pos, schedule)
             out[pos] = {"steps": steps, "reference": reference_run(pos, init) if rank == 0 else None}
+        out["te"] = _te_run(rank)
         return out
 
 
 @pytest.fixture(scope="module")
-def trained() -> list[dict]:
+def runs() -> list[dict]:
     require_megatron_core()  # module-scoped fixtures run before the autouse one
-    return run_workers(_train_worker, world=4, deadline=420)
+    return run_workers(_worker, world=4, deadline=480)
 
 
 @pytest.mark.parametrize("position_embedding_type", POSITIONS)
-def test_gpt_model_trains_like_the_single_process_reference(trained, position_embedding_type) -> None:
-    runs = [r[position_embedding_type]["steps"] for r in trained]
-    reference = trained[0][position_embedding_type]["reference"]
+def test_gpt_model_trains_like_the_single_process_reference(runs, position_embedding_type) -> None:
+    reference = runs[0][position_embedding_type]["reference"]
+    runs = [r[position_embedding_type]["steps"] for r in runs]
     sizes, worst = set(), 0.0
     for step, lengths in enumerate(BATCHES):
         sizes.update(runs[0][step]["rings"])
@@ -247,44 +250,40 @@ class StandInTEAttention(torch.nn.Module):
         return query.reshape(query.shape[0], -1) * 0
 
 
-def _te_worker(rank: int, world: int) -> dict:
-    from dynacp.integration import make_process_groups
-    from dynacp.integration.megatron_core import cpu_shim, gpt_layer_spec, megatron_inputs, set_te_context_parallel
+def _te_run(rank: int) -> list[dict]:
+    """The TE kind with the stand-in on per-ring groups (``cp_groups="lazy"``), forward only: what each layer was set
+    to for each microbatch, by RingSelfAttention and by set_te_context_parallel."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    import dynacp
+    from dynacp.integration import Planner, make_process_groups
+    from dynacp.integration.megatron_core import gpt_layer_spec, megatron_inputs, set_te_context_parallel
     from dynacp.integration.megatron_core import wrap_data_iterator as main_wrap
 
-    with cpu_shim():
-        from megatron.core import parallel_state as ps
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-        import dynacp
-        from dynacp.integration import Planner
-
-        ps.initialize_model_parallel()
-        spec = gpt_layer_spec(get_gpt_layer_local_spec(), kind="te", te_module=StandInTEAttention)
-        model = _example().build_model("rope", VOCAB, 4 * CAPACITY, spec=spec)
-        config = model.config
-        config.max_seqlen_per_dp_cp_rank = CAPACITY
-        config.dynacp_groups = make_process_groups(cp_groups="lazy", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
-        config.dynacp_planner = Planner(timeout=PG_TIMEOUT_S, cluster=dynacp.Cluster(
-            num_ranks=4, ranks_per_node=4, tokens_per_rank=CAPACITY))
-        stream = iter(global_batch(0)[rank * PER_RANK:][:PER_RANK])
-        it, _, _, _ = main_wrap(stream, config, PER_RANK)
-        seen = []
-        for mb in it:
-            StandInTEAttention.calls = []
-            x = megatron_inputs(mb)
-            model(x["input_ids"], x["position_ids"], None, labels=x["labels"], packed_seq_params=x["packed_seq_params"])
-            manual = set_te_context_parallel(model, mb, cp_stream="manual stream")
-            seen.append({"ring": [config.dynacp_groups.pool_ranks[i] for i in mb["ring"]], "calls": StandInTEAttention.calls,
-                         "manual": [(m.current[1], m.current[2]) for m in model.modules()
-                                    if isinstance(m, StandInTEAttention)], "set": manual})
-        return seen
+    spec = gpt_layer_spec(get_gpt_layer_local_spec(), kind="te", te_module=StandInTEAttention)
+    model = _example().build_model("rope", VOCAB, 4 * CAPACITY, spec=spec)
+    config = model.config
+    config.max_seqlen_per_dp_cp_rank = CAPACITY
+    config.dynacp_groups = make_process_groups(cp_groups="lazy", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    config.dynacp_planner = Planner(timeout=PG_TIMEOUT_S, cluster=dynacp.Cluster(
+        num_ranks=4, ranks_per_node=4, tokens_per_rank=CAPACITY))
+    stream = iter(global_batch(0)[rank * PER_RANK:][:PER_RANK])
+    it, _, _, _ = main_wrap(stream, config, PER_RANK)
+    seen = []
+    for mb in it:
+        StandInTEAttention.calls = []
+        x = megatron_inputs(mb)
+        model(x["input_ids"], x["position_ids"], None, labels=x["labels"], packed_seq_params=x["packed_seq_params"])
+        manual = set_te_context_parallel(model, mb, cp_stream="manual stream")
+        seen.append({"ring": [config.dynacp_groups.pool_ranks[i] for i in mb["ring"]], "calls": StandInTEAttention.calls,
+                     "manual": [(m.current[1], m.current[2]) for m in model.modules()
+                                if isinstance(m, StandInTEAttention)], "set": manual})
+    return seen
 
 
-def test_te_kind_points_every_attention_module_at_each_microbatchs_ring() -> None:
-    results = run_workers(_te_worker, world=4)
+def test_te_kind_points_every_attention_module_at_each_microbatchs_ring(runs) -> None:
     sizes = set()
-    for seen in results:
+    for seen in (r["te"] for r in runs):
         assert seen, "every rank runs microbatches"
         for mb in seen:
             ring = mb["ring"]
