@@ -171,3 +171,26 @@ def test_megatrons_rotary_sees_the_microbatch_ring() -> None:
                                                cp_group=view)
                 torch.testing.assert_close(got, expected[rows], rtol=0, atol=0)
     assert (view.size(), view.rank(), view.name) == (1, 0, "static CP group")  # unbound: the wrapped group
+
+
+def test_core_attention_in_one_process_is_per_document_gqa_attention() -> None:
+    """DynacpCoreAttention on a ring of one rank without torch.distributed: per document, causal or full, GQA (4
+    query heads on 2 key/value heads), softmax scale as given -- against torch's scaled_dot_product_attention."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from dynacp.integration.megatron_core import DynacpCoreAttention, ring_packed_seq_params
+
+    lengths = [5, 1, 3]  # padded (multiples of 2 on one rank) to 6, 2, 4: 12 rows
+    mb = _microbatch(lengths, cp=1, rank=0)
+    p, cup = ring_packed_seq_params(mb, "cpu"), mb["cu_seqlens_padded"]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(12, h, 8, generator=g) for h in (4, 2, 2))
+    for mask, causal in ((AttnMaskType.causal, True), (AttnMaskType.no_mask, False)):
+        core = DynacpCoreAttention(types.SimpleNamespace(attention_dropout=0.0), 1, mask, softmax_scale=0.3)
+        out = core(q, k, v, None, packed_seq_params=p)
+        assert out.shape == (12, 32)
+        for a, n in zip(cup[:-1], lengths):
+            qs, ks, vs = (t[a:a + n].transpose(0, 1) for t in (q, k, v))
+            want = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=0.3,
+                                                                    enable_gqa=True).transpose(0, 1)
+            torch.testing.assert_close(out[a:a + n].reshape(n, 4, 8), want, rtol=1e-5, atol=1e-6)

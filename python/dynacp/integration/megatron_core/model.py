@@ -73,9 +73,10 @@ def ring_core_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     rank's rows), documents and ring from ``packed_seq_params`` ``p``. Returns ``[T, H, D]``.
 
     Runs ``dynacp.torch.ring_attention`` (GQA native; a ring of one rank runs locally) when the runtime's kernels are
-    built, else the all-gather oracle with K/V heads repeated (needs a process group per ring)."""
+    built and torch.distributed is initialised, else the all-gather oracle with K/V heads repeated (CP > 1 needs a
+    process group per ring; CP 1 runs in one process without torch.distributed)."""
     cp = int(p.local_cp_size or 1)
-    if ring_attention_available():
+    if ring_attention_available() and dist.is_initialized():
         from dynacp.torch import ring_attention
 
         if cp == 1:
