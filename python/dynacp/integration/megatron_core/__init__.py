@@ -8,8 +8,10 @@ sequence-packing entry point.
   interface backed by dynacp's cost model (:func:`use_dynacp_scheduler`: the one-line switch);
 * :mod:`~dynacp.integration.megatron_core.model` -- :func:`core_attention_spec` and :func:`gpt_layer_spec`: a GPT
   layer spec whose attention runs every microbatch on its own ring (any CP size, GQA, RoPE, THD document masks);
-* :mod:`~dynacp.integration.megatron_core.batch` -- a dynacp microbatch as ``GPTModel`` inputs and Megatron's
-  ``get_batch_on_this_rank_for_sequence_packing`` tuple, Megatron's per-token ``loss_func`` and ``forward_step``;
+* :mod:`~dynacp.integration.megatron_core.batch` -- a dynacp microbatch as ``GPTModel`` inputs and as Megatron-LM
+  main's ``get_batch_on_this_rank_for_sequence_packing`` tuple;
+* :mod:`~dynacp.integration.megatron_core.steps` -- Megatron's per-token ``loss_func`` and ``forward_step``, and its
+  no-pipelining steps for the CPU (``forward_backward_per_token``);
 * :mod:`~dynacp.integration.megatron_core.entry` -- Megatron-LM main's ``wrap_data_iterator(data_iterator, config,
   num_microbatches, pg_collection=None)`` and its ``scheduler_map`` registration;
 * :mod:`~dynacp.integration.megatron_core.cpu` -- the one shim Megatron-Core needs to run on a CPU-only torch.
