@@ -9,6 +9,7 @@ Run: DYNACP_EXT_DIR=$PWD/build/python PYTHONPATH=$PWD/python python3 -m pytest -
 
 from __future__ import annotations
 
+import copy
 import enum
 import inspect
 import logging
@@ -171,6 +172,8 @@ def test_megatrons_rotary_sees_the_microbatch_ring() -> None:
                                                cp_group=view)
                 torch.testing.assert_close(got, expected[rows], rtol=0, atol=0)
     assert (view.size(), view.rank(), view.name) == (1, 0, "static CP group")  # unbound: the wrapped group
+    bare = copy.deepcopy(RingCPGroup(None))  # models get deep-copied; a view without a group is one rank
+    assert (bare.size(), bare.rank()) == (1, 0)
 
 
 def test_core_attention_in_one_process_is_per_document_gqa_attention() -> None:

@@ -68,7 +68,7 @@ def _ring_of(p: Any) -> tuple[Any, Optional[list[int]]]:
 
 
 def ring_core_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, p: Any, causal: bool,
-                        softmax_scale: Optional[float], timeout: float) -> torch.Tensor:
+                        softmax_scale: Optional[float], timeout: float, block: Any = None) -> torch.Tensor:
     """Attention of one zigzag THD microbatch: ``query`` ``[T, H, D]``, ``key`` / ``value`` ``[T, Hkv, D]`` (this
     rank's rows), documents and ring from ``packed_seq_params`` ``p``. Returns ``[T, H, D]``.
 
@@ -84,7 +84,8 @@ def ring_core_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         else:
             group, ranks = _ring_of(p)
         return ring_attention(query, key, value, p.cu_seqlens_q, group, causal, ranks=ranks,
-                              cu_seqlens_padded=p.cu_seqlens_q_padded, softmax_scale=softmax_scale, timeout=timeout)
+                              cu_seqlens_padded=p.cu_seqlens_q_padded, softmax_scale=softmax_scale, timeout=timeout,
+                              block=block)
     repeat = query.shape[1] // key.shape[1]
     key, value = (t.repeat_interleave(repeat, dim=1) for t in (key, value))
     if softmax_scale is not None:  # the oracle scales by 1 / sqrt(D)
@@ -108,7 +109,7 @@ class DynacpCoreAttention(MegatronModule):
     def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str = "self",
                  attention_dropout: Optional[float] = None, softmax_scale: Optional[float] = None,
                  cp_comm_type: Optional[str] = None, pg_collection: Any = None, timeout: float = 60.0,
-                 **_: Any) -> None:
+                 block: Any = None, **_: Any) -> None:
         super().__init__(config=config)
         if attention_type != "self":
             raise ValueError(f"dynacp's core attention runs self attention, got attention_type={attention_type!r}")
@@ -122,6 +123,9 @@ class DynacpCoreAttention(MegatronModule):
         self.softmax_scale = softmax_scale
         self.timeout = float(timeout)
         """Seconds each ring hop may wait for a neighbour (gloo) before it raises TimeoutError."""
+        self.block = block
+        """The ring loop's block function (``dynacp.torch.ring_attention(block=...)``): ``None`` picks torch blocks on
+        the CPU and FlashAttention blocks on CUDA (float16 / bfloat16); ``"torch"`` runs float32 on CUDA."""
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: Optional[torch.Tensor], attn_mask_type: Any = None,
@@ -135,7 +139,8 @@ class DynacpCoreAttention(MegatronModule):
             raise ValueError("dynacp's core attention takes its masks from packed_seq_params; pass attention_mask=None "
                              "and no attention_bias")
         causal = self.causal if attn_mask_type is None else causal_of(attn_mask_type)
-        out = ring_core_attention(query, key, value, packed_seq_params, causal, self.softmax_scale, self.timeout)
+        out = ring_core_attention(query, key, value, packed_seq_params, causal, self.softmax_scale, self.timeout,
+                                  self.block)
         return out.reshape(out.shape[0], -1)
 
 
@@ -181,7 +186,10 @@ class RingCPGroup:
         return 0 if self.base is None else self.base.rank()
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["base"], name)
+        base = self.__dict__.get("base")
+        if base is None or name.startswith("__"):  # copy / pickle probe dunders on a bare instance
+            raise AttributeError(name)
+        return getattr(base, name)
 
 
 _SELF_ATTENTION_FORWARD = inspect.signature(SelfAttention.forward)
@@ -240,7 +248,7 @@ def core_attention_spec(kind: str = "dynacp", *, te_module: Optional[type] = Non
         kind: ``"dynacp"`` (:class:`DynacpCoreAttention`) or ``"te"`` (TransformerEngine's ``TEDotProductAttention``,
             which needs TE and a process group per ring: ``make_process_groups(cp_groups="prebuilt" or "lazy")``).
         te_module: for ``kind="te"``, the class to use instead of Megatron's ``TEDotProductAttention``.
-        params: extra constructor arguments (e.g. ``{"timeout": 120.0}`` for ``"dynacp"``).
+        params: extra constructor arguments (for ``"dynacp"``: ``{"timeout": 120.0}``, ``{"block": "torch"}``).
 
     Raises:
         ValueError: an unknown kind. RuntimeError: ``kind="te"`` without TransformerEngine or ``te_module``.
