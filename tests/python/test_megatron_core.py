@@ -7,31 +7,17 @@ Run: DYNACP_EXT_DIR=$PWD/build/python PYTHONPATH=$PWD/python python3 -m pytest -
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch.distributed as dist
 from gloo_workers import run_workers
+from megatron_testing import megatron_core_installed  # noqa: F401 (autouse fixture)
 
 import dynacp
 from dynacp import distributions
 from dynacp.integration import megatron_core as mc
-
-
-def _require_megatron_core() -> None:
-    try:
-        mc.released_scheduler_class()
-    except RuntimeError as exc:  # CI installs it (scripts/setup.sh): a missing package must fail there
-        if os.environ.get("CI"):
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
-
-
-@pytest.fixture(autouse=True)
-def _megatron_core_installed() -> None:
-    _require_megatron_core()
 
 
 def _cluster(P: int, cap: int, per_node: int = 8) -> tuple:
