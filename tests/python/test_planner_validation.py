@@ -1,7 +1,8 @@
-"""Issue 22 acceptance: the planner against published H100 training runs (docs/planner.md, "Validation against
-published runs"). Every row must be feasible, rank in the top 5 distinct layouts and be predicted within +-25 % of
-the published tokens/s/GPU; the rows that do not are listed in KNOWN_SHORTFALLS with the reason, as strict xfails
-(they fail the test suite the moment they start to pass, so the list cannot go stale)."""
+"""Issue 22 and 37 acceptance: the planner against published H100 training runs (docs/planner.md, "Validation
+against published runs"). Every row must be feasible, rank in the top 5 distinct layouts and be predicted within
+its round's tolerance of the published tokens/s/GPU (+-25 % for the issue-22 rows the planner was tuned on, +-35 %
+for the issue-37 rows held out from it); the rows that do not are listed in KNOWN_SHORTFALLS with the reason, as
+strict xfails (they fail the test suite the moment they start to pass, so the list cannot go stale)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from dynacp.planner import validation as V
 ROOT = Path(__file__).resolve().parents[2]
 
 # run key -> why the planner does not confirm it (kept in sync with docs/planner.md)
-KNOWN_SHORTFALLS: Dict[str, str] = {}
+KNOWN_SHORTFALLS: Dict[str, str] = {
+    "Qwen3-30B-A3B mbs2": "rejected on memory (85.9 GB > 78.2 GB usable on the last stage)",
+}
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +38,14 @@ def _rows() -> List:
 
 
 @pytest.mark.parametrize("key", _rows())
-def test_published_layout_is_feasible_top5_and_within_25_percent(verdicts, key: str) -> None:
+def test_published_layout_is_feasible_top5_and_within_tolerance(verdicts, key: str) -> None:
     v = verdicts[key]
     assert v.feasible, v.reason
     assert v.rank is not None and v.rank <= 5, f"rank {v.rank} of {v.feasible_count}; first choice {v.best}"
-    assert 0.75 <= v.ratio <= 1.25, f"predicted {v.predicted:.0f} vs published {v.run.tokens_per_gpu_s:.0f}"
+    bound = V.TOLERANCE[v.run.added]
+    assert 1 - bound <= v.ratio <= 1 + bound, f"predicted {v.predicted:.0f} vs published {v.run.tokens_per_gpu_s:.0f}"
+    if v.run.added == V.ROUND_ISSUE22:  # the tuned-on rows keep issue 22's bound
+        assert 0.75 <= v.ratio <= 1.25
 
 
 def test_table_covers_dense_and_moe_from_8_to_16384_gpus(verdicts) -> None:
@@ -51,8 +57,33 @@ def test_table_covers_dense_and_moe_from_8_to_16384_gpus(verdicts) -> None:
     # the converted figures say how: Llama 3's TFLOPs/GPU through the planner's FLOP count
     assert all("TFLOPs/GPU" in r.derived for r in runs if "Llama 3 paper" in r.source)
     passing = [v for v in verdicts.values() if v.passes]
-    assert len(passing) >= 16
+    assert len(passing) >= 30
     assert set(verdicts) - {v.run.key for v in passing} == set(KNOWN_SHORTFALLS)
+
+
+def test_rounds_say_which_rows_were_tuned_on(verdicts) -> None:
+    """17 issue-22 rows (tuned on) come first, then the issue-37 rows added before its model changes: BF16 and FP8,
+    dense and MoE (one interleaved), 16 to 6,144 GPUs, each from a source none of the issue-22 rows uses or from
+    another container / batch of it."""
+    runs = V.published_runs()
+    old = [r for r in runs if r.added == V.ROUND_ISSUE22]
+    new = [r for r in runs if r.added == V.ROUND_ISSUE37]
+    assert len(old) == 17 and runs[:17] == old and len(new) == 14
+    assert {r.fp8 for r in new} == {True, False} and any(r.ep > 1 and r.vpp for r in new)
+    assert min(r.gpus for r in new) == 16 and max(r.gpus for r in new) == 6144
+    old_keys = {(r.model_name, r.gpus, r.global_batch, r.micro_batch, r.seq_length, r.tp, r.pp, r.cp, r.ep)
+                for r in old}
+    assert not old_keys & {(r.model_name, r.gpus, r.global_batch, r.micro_batch, r.seq_length, r.tp, r.pp, r.cp,
+                            r.ep) for r in new}
+
+
+def test_megatron_r08_flop_count_reproduces_nemo_pairs() -> None:
+    """The TFLOP/s -> tokens/s conversion of the held-out rows reproduces NeMo 24.07's own pairs of columns: Llama 2
+    7B 780 TFLOP/s at 16,934 tokens/s, GPT-3 175B 771 at 716."""
+    from dynacp.planner.presets import model_preset
+
+    assert V.megatron_r08_flops_per_token(model_preset("llama2-7b"), 4096) == pytest.approx(780e12 / 16934, rel=1e-3)
+    assert V.megatron_r08_flops_per_token(model_preset("gpt3-175b"), 2048) == pytest.approx(771e12 / 716, rel=1e-3)
 
 
 def test_llama3_8192_memory_term_by_term(verdicts) -> None:
