@@ -18,7 +18,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # run key -> why the planner does not confirm it (kept in sync with docs/planner.md)
 KNOWN_SHORTFALLS: Dict[str, str] = {
-    "Qwen3-30B-A3B mbs2": "rejected on memory (85.9 GB > 78.2 GB usable on the last stage)",
+    "Llama3-70B PP8": "rank 6 of 26: a near-tie, 4.5 % behind the first choice, since FP8 primary weights (1 + 1 B) "
+                      "let more layouts fit and halve the DP parameter all-gather",
+    "Llama3-405B x8192": "rejected on memory (83.8 GB > 78.2 GB) without the LLaMA-1-inferred recomputes issue 22 "
+                         "gave it, which the Llama 3 paper does not state",
+    "Qwen3-235B-A22B": "rank 17: with the expert output no longer double-counted, TP1 layouts with 6-12 MoE layers per "
+                       "stage fit, and the host floor (fitted to this row) prices them up to 1.8x faster",
+    "Qwen3-235B-A22B GBS2048": "rank 17, as Qwen3-235B-A22B",
+    "DeepSeek-V3": "rank 8: EP16/EP32 layouts now fit and are predicted up to 6 % faster than the published EP64",
+    "Qwen3-30B-A3B mbs2": "predicted 2.31x: the host floor is per micro-batch, so micro-batch 2 halves it; the "
+                          "published throughput is about the micro-batch-1 row's",
 }
 
 
@@ -57,7 +66,7 @@ def test_table_covers_dense_and_moe_from_8_to_16384_gpus(verdicts) -> None:
     # the converted figures say how: Llama 3's TFLOPs/GPU through the planner's FLOP count
     assert all("TFLOPs/GPU" in r.derived for r in runs if "Llama 3 paper" in r.source)
     passing = [v for v in verdicts.values() if v.passes]
-    assert len(passing) >= 30
+    assert len(passing) >= 25
     assert set(verdicts) - {v.run.key for v in passing} == set(KNOWN_SHORTFALLS)
 
 
@@ -90,26 +99,26 @@ def test_llama3_8192_memory_term_by_term(verdicts) -> None:
     """What the 8,192-GPU row is charged, term by term. Its FSDP shards gradients and optimizer states (zero2:
     4 + 12 B per parameter / DP 64); the bf16 weights are whole, as FSDP without resharding after the forward keeps
     them; 141 one-layer chunks on the second stage (interleaved 1F1B, N = PP = 16, V = 8, 32 micro-batches) of
-    4h + 4h_q + 4h_kv + 4f bytes per token and layer / TP: Megatron's 8h + 4h_q + 4h_kv + 6f less the two norm
-    outputs and the SwiGLU output, which Meta's hand-written backward recomputes (LLaMA, Sec. 2.4). Keeping them,
-    as Megatron-Core does, the layout would need 83.8 GB, over the 78.2 GB usable."""
+    Megatron-Core's 8h + 4h_q + 4h_kv + 6f bytes per token and layer / TP: 83.8 GB, over the 78.2 GB usable. Issue
+    22 gave the row recompute_layernorm and recompute_mlp_act, inferred from the LLaMA 1 paper's hand-written backward
+    (4h + 4h_q + 4h_kv + 4f, 58.9 GB); the Llama 3 paper does not state that saving, so issue 37 removed it and the
+    row is a known shortfall."""
     v = verdicts["Llama3-405B x8192"]
-    assert v.row is not None and v.feasible
-    assert v.run.options["optimizer"] == "zero2"
-    assert v.run.options["recompute_layernorm"] and v.run.options["recompute_mlp_act"]
+    assert v.run.options == {"optimizer": "zero2", "allow_uneven_pp": True}
+    assert not v.feasible and v.reason.startswith("memory: needs 83.8 GB > 78.2 GB usable")
     mem = v.row.memory
     assert mem.stage == "middle" and mem.layers == 8 and mem.in_flight * 8 == pytest.approx(141)
     assert mem.weights == pytest.approx(2 * mem.params_dense)
     assert mem.grads == pytest.approx(4 * mem.params_dense / 64)
     assert mem.optimizer == pytest.approx(12 * mem.params_dense / 64)
+    assert mem.activations / (141 * 8192) == pytest.approx(520192 / 8)
+    inferred = V.validate_run(v.run, recompute_layernorm=True, recompute_mlp_act=True)
+    assert inferred.feasible and inferred.row is not None
     h, h_kv, f = 16384, 8 * 128, 53248
-    per_token_layer = mem.activations / (mem.in_flight * mem.layers * 8192)
+    kept = inferred.row.memory
+    per_token_layer = kept.activations / (kept.in_flight * kept.layers * 8192)
     assert per_token_layer == pytest.approx((4 * h + 4 * h + 4 * h_kv + 4 * f) / 8)  # 43,520 B
-    usable = 0.92 * V.H100_MEMORY
-    assert mem.total == pytest.approx(58.9e9, abs=0.05e9) and mem.total < usable
-    kept = V.validate_run(v.run, recompute_layernorm=False, recompute_mlp_act=False)
-    assert not kept.feasible and kept.reason.startswith("memory: needs 83.8 GB > 78.2 GB usable")
-    assert kept.row is not None and kept.row.memory.activations / (141 * 8192) == pytest.approx(520192 / 8)
+    assert kept.total == pytest.approx(58.9e9, abs=0.05e9) and kept.total < 0.92 * V.H100_MEMORY
 
 
 def test_llama3_table4_conversion() -> None:

@@ -184,12 +184,10 @@ def published_runs() -> List[PublishedRun]:
     # Table 4's DP is FSDP that "shards optimizer states and gradients" and does not reshard the weights after the
     # forward (paper, Sec. 3.3.2): ZeRO-2, every micro-batch reduce-scattering its gradients. V = 8: "the first
     # model chunk on the first stage has only the embedding" makes a chunk one layer, (126 + 2) / 16 = 8 chunks per
-    # rank. Meta's training code keeps only the activations that are expensive to compute, "such as the outputs of
-    # linear layers", through a hand-written backward of the transformer layer (LLaMA, Touvron et al. 2023,
-    # arXiv 2302.13971, Sec. 2.4); Llama 3 pre-trains at 8K "without activation checkpointing" after "detailed
-    # memory allocation profiling" (Sec. 3.3.2). So the norms' and the SwiGLU's outputs, cheap elementwise results,
-    # are recomputed, not kept: recompute_layernorm and recompute_mlp_act (docs/planner.md explains the choice).
-    meta = {"optimizer": "zero2", "recompute_layernorm": True, "recompute_mlp_act": True}
+    # rank. No recompute: the paper pre-trains at 8K "without activation checkpointing" (Sec. 3.3.2). (Issue 22 gave
+    # these rows recompute_layernorm and recompute_mlp_act, inferred from the LLaMA 1 paper's hand-written backward;
+    # the Llama 3 paper states no such saving, so issue 37 removed them: docs/planner.md.)
+    meta = {"optimizer": "zero2"}
     t8k, d8k = _llama3_tokens(430, 8192)
     t16k, d16k = _llama3_tokens(400, 8192)
     t128k, d128k = _llama3_tokens(380, 131072)
@@ -221,9 +219,11 @@ def published_runs() -> List[PublishedRun]:
               BRIDGE + ", container 25.09, dropless, FP8 (128x128 / 1x128 blocks); as Megatron-Bridge's "
               "DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1 sets them: recompute_modules mla_up_proj and mlp (Megatron-Core "
               "applies 'mlp' to the dense layers only), moe_a2a_overlap False with the hybridep flex dispatcher "
-              "(which Megatron-Core's shared-expert overlap does not support), so the all-to-alls are exposed",
+              "(which Megatron-Core's shared-expert overlap does not support), so the all-to-alls are exposed; "
+              "its blockwise FP8 recipe keeps bf16 weights (fp8_param False, deepseek_v3_pretrain_1024gpu_h100_fp8sc"
+              "_config)",
               options={"etp": "1", "allow_uneven_pp": True, "recompute_mlp": True, "recompute_mla_up_proj": True,
-                       "ep_comm_overlap": False}),
+                       "ep_comm_overlap": False, "fp8_param": False}),
     ] + held_out_runs()
 
 
