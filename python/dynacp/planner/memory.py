@@ -267,12 +267,17 @@ def mla_up_proj_params(model: ModelConfig) -> float:
 
 def _layer_bytes_per_token(model: ModelConfig, opts: PlannerOptions, seq: int) -> Dict[str, float]:
     """Activation bytes per token of one layer of each kind, before dividing by TP. With FP8 the inputs of the
-    QKV, fc1 and fc2 GEMMs are saved as 1-byte FP8 casts (Transformer Engine), saving h, h and f bytes."""
+    QKV, fc1 and fc2 GEMMs are saved as 1-byte FP8 casts (Transformer Engine), saving h, h and f bytes, and the
+    output projection keeps a 1-byte cast of the attention output beside the attention kernel's bf16 copy, h_q
+    bytes more (a * d_v with MLA)."""
     h, drop = model.hidden_size, 1.0 if model.dropout else 0.0
     f8 = 1.0 if opts.fp8 else 0.0
     fc1 = 4 if model.gated_mlp else 2  # bytes per f-wide element of the fc1 output (2f wide when gated)
+    # FP8: the QKV input is kept as its 1-byte cast (h less); the attention output is kept twice, in bf16 by the
+    # attention kernel for its backward and as the output projection's 1-byte cast (a * d_v more)
+    out_width = model.num_attention_heads * model.v_head_dim if model.is_mla else model.q_size
     attn_lin = (_mla_bytes_per_token(model, opts) if model.is_mla
-                else 4 * h + 4 * model.q_size + 4 * model.kv_size) + drop * h - f8 * h
+                else 4 * h + 4 * model.q_size + 4 * model.kv_size) + drop * h - f8 * h + f8 * out_width
     scores = 0.0
     if not opts.flash_attention and opts.recompute == "none":
         scores = (4 + drop) * model.num_attention_heads * seq
