@@ -10,7 +10,7 @@ Prints the Markdown table and a summary per round of rows: how many meet all thr
 tolerance of the published figure: +-25 % for the issue-22 rows the planner was tuned on, +-35 % for the issue-37
 rows held out from it). ``--sources`` adds the source and, where the throughput was converted, the conversion of every row.
 The planner is pure Python, but importing dynacp loads its C++ extension (see docs/development.md); no GPU.
-About 5 s on one core.
+About 15 s on one core.
 """
 
 from __future__ import annotations

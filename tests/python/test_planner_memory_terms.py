@@ -251,3 +251,17 @@ def test_moe_activations_and_dispatch_buffers() -> None:
         (attn + moe) * tokens * mem.layers * mem.in_flight / 2)
     assert mem.buffers == pytest.approx(2 * k * tokens / 2 * h * 2)
     assert megatron_estimate(args, m)["act_layers"] == pytest.approx(18 * h * tokens * 96 / 2)  # f = 0 in its eyes
+
+
+def test_fp8_primary_weights_halve_the_dp_parameter_all_gather() -> None:
+    """The distributed optimizer all-gathers the updated primary weights once per step: 2 B bf16, 1 B with FP8
+    primary weights; the gradient reduce-scatter is unchanged."""
+    from dynacp.planner.timing import dp_traffic
+    from dynacp.planner.validation import h100_cluster
+
+    model, cluster, lay = pl.model_preset("llama3-70b"), h100_cluster(64), pl.Layout(4, 4, 1, 4, vpp=5)
+    bf16 = dp_traffic(cluster, lay, pl.PlannerOptions(), model)
+    fp8 = dp_traffic(cluster, lay, pl.PlannerOptions(fp8=True), model)
+    cached = dp_traffic(cluster, lay, pl.PlannerOptions(fp8=True, fp8_param=False), model)
+    assert fp8["ag_step"] == pytest.approx(bf16["ag_step"] / 2) and cached["ag_step"] == bf16["ag_step"]
+    assert fp8["rs_step"] == bf16["rs_step"] > 0
