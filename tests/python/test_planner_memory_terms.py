@@ -265,3 +265,41 @@ def test_fp8_primary_weights_halve_the_dp_parameter_all_gather() -> None:
     cached = dp_traffic(cluster, lay, pl.PlannerOptions(fp8=True, fp8_param=False), model)
     assert fp8["ag_step"] == pytest.approx(bf16["ag_step"] / 2) and cached["ag_step"] == bf16["ag_step"]
     assert fp8["rs_step"] == bf16["rs_step"] > 0
+
+
+# NVIDIA NeMo scripts/performance/recommended_model_configs/model_configs_h100.csv (NVIDIA/NeMo, last changed
+# 2025-08-27): the H100 pre-training configurations NeMo's performance recipes run, for the models the planner has
+# presets of. Published layouts that run, so each must fit; the recipes reduce gradients in bf16 and, except
+# DeepSeek-V3's, keep FP8 primary weights. model, dtype, GPUs, seq, TP, PP, CP, EP, VPP, mbs, GBS, recompute modules
+NEMO_H100_CONFIGS = [
+    ("gpt3-175b", "fp8", 512, 2048, 4, 8, 1, 1, 6, 2, 2048, ()),
+    ("gpt3-175b", "fp8", 128, 2048, 4, 8, 1, 1, 6, 1, 256, ()),
+    ("gpt3-175b", "bf16", 128, 2048, 4, 8, 1, 1, 6, 1, 256, ()),
+    ("llama3.1-405b", "fp8", 1024, 8192, 8, 8, 2, 1, 8, 1, 512, ()),
+    ("llama3.1-405b", "bf16", 1024, 8192, 8, 8, 2, 1, 8, 1, 512, ()),
+    ("llama3-70b", "fp8", 64, 8192, 4, 8, 1, 1, 5, 1, 128, ()),
+    ("llama3-70b", "bf16", 64, 8192, 4, 4, 2, 1, 5, 1, 128, ()),
+    ("llama3-8b", "bf16", 8, 8192, 1, 1, 2, 1, 1, 1, 128, ()),
+    ("nemotron4-340b", "bf16", 256, 4096, 8, 8, 1, 1, 12, 1, 64, ()),
+    ("nemotron4-340b", "fp8", 256, 4096, 8, 8, 1, 1, 12, 1, 64, ()),
+    ("deepseek-v3", "bf16", 1024, 4096, 2, 16, 1, 64, 1, 1, 8192, ("mla_up_proj", "mlp", "moe")),
+    ("deepseek-v3", "fp8", 1024, 4096, 2, 16, 1, 64, 1, 1, 8192, ("mla_up_proj", "mlp", "moe")),
+    ("qwen3-30b-a3b", "bf16", 16, 4096, 1, 2, 1, 8, 24, 1, 512, ()),
+    ("qwen3-235b-a22b", "bf16", 256, 4096, 2, 8, 1, 32, 4, 1, 2048, ()),
+]
+
+
+@pytest.mark.parametrize("cfg", NEMO_H100_CONFIGS, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in NEMO_H100_CONFIGS])
+def test_nemo_recommended_h100_configs_fit(cfg) -> None:
+    """Every recommended H100 pre-training layout of NeMo's performance recipes fits the usable memory (92 % of
+    85.0e9 B). Issue 22's model rejected Qwen3-235B-A22B BF16 at 80.6 GB, with the expert output double-counted."""
+    from dynacp.planner.validation import H100_MEMORY
+
+    name, dtype, gpus, seq, tp, pp, cp, ep, vpp, mbs, gbs, modules = cfg
+    model = pl.model_preset(name)
+    dp = gpus // (tp * pp * cp)
+    layout = pl.Layout(tp, pp, cp, dp, ep=ep, etp=1, vpp=vpp if pp > 1 else 1, edp=gpus // (ep * pp))
+    opts = pl.PlannerOptions(grad_dtype="bf16", fp8=dtype == "fp8", fp8_param=name != "deepseek-v3",
+                             **pl.recompute_module_options(modules))
+    mem = memory_breakdown(model, pl.BatchConfig(gbs, seq, mbs), layout, opts, m=gbs // (mbs * dp))
+    assert mem.total <= opts.memory_headroom * H100_MEMORY, mem.terms()
