@@ -303,3 +303,28 @@ def test_nemo_recommended_h100_configs_fit(cfg) -> None:
                              **pl.recompute_module_options(modules))
     mem = memory_breakdown(model, pl.BatchConfig(gbs, seq, mbs), layout, opts, m=gbs // (mbs * dp))
     assert mem.total <= opts.memory_headroom * H100_MEMORY, mem.terms()
+
+
+def test_backward_working_set_of_one_layer() -> None:
+    """The backward pass's transient gradients of one layer, counted once per GPU (memory.backward_working_bytes):
+    the incoming residual gradient 2h / t, the larger block's intermediate gradients / t, and with sequence
+    parallelism the first GEMM's full-sequence data gradient (2h) beside its input gathered again for the weight
+    gradient ((2 - FP8) h; Korthikanti et al. 2022 Sec. 4.2.2). Exact per-token values, and the total includes it."""
+    from dynacp.planner.memory import backward_working_bytes
+
+    llama = pl.model_preset("llama3-70b")
+    h, f = 8192, 28672
+    batch = pl.BatchConfig(128, 8192, 1)
+    fp8 = pl.PlannerOptions(fp8=True)
+    tp4 = pl.Layout(4, 8, 1, 2)
+    # SwiGLU fc1-output gradient (4f) beats attention's q, k, v, out gradients and fp32 dq (2(2h_q + 2h_kv) + 4h_q)
+    assert backward_working_bytes(llama, batch, tp4, fp8) == pytest.approx(((2 * h + 4 * f) / 4 + 2 * h + h) * 8192)
+    bf16_tp1_cp2 = backward_working_bytes(llama, batch, pl.Layout(1, 8, 2, 4), pl.PlannerOptions())
+    assert bf16_tp1_cp2 == pytest.approx((2 * h + 4 * f + 2 * h) * 4096)
+    qwen = pl.model_preset("qwen3-30b-a3b")  # every layer MoE: k copies of the fc1-output and expert-input gradients
+    per_token = 2 * 2048 + 8 * (4 * 768 + 2 * 2048) + 2 * 2048
+    assert backward_working_bytes(qwen, pl.BatchConfig(512, 4096, 1), pl.Layout(1, 2, 1, 8, 8, 1, 2, 1),
+                                  fp8) == pytest.approx(per_token * 4096)
+    mem = memory_breakdown(llama, batch, tp4, fp8, m=64)
+    assert mem.backward == pytest.approx(backward_working_bytes(llama, batch, tp4, fp8))
+    assert mem.terms()["backward working set"] == mem.backward and mem.total == pytest.approx(sum(mem.terms().values()))

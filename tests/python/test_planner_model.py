@@ -97,7 +97,7 @@ def test_breakdown_names_every_term_and_sums_to_the_total() -> None:
     terms = mem.terms()
     assert set(terms) == {"weights (bf16)", "weights (fp8 copy)", "main grads", "optimizer (dense)",
                           "optimizer (experts)", "activations (layers)", "activations (embedding)",
-                          "logits + cross-entropy", "communicator buffers"}
+                          "logits + cross-entropy", "communicator buffers", "backward working set"}
     assert sum(terms.values()) == pytest.approx(mem.total)
     assert terms["weights (fp8 copy)"] == pytest.approx(mem.params_dense + mem.params_expert)
     assert json.dumps(mem.to_dict())  # serialisable, terms included

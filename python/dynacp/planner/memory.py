@@ -212,6 +212,8 @@ class MemoryBreakdown:
     """Micro-batches whose activations this stage holds."""
     layers: int = 0
     """Transformer layers on this stage."""
+    backward: float = 0.0
+    """The backward pass's transient gradient tensors of one layer (:func:`backward_working_bytes`)."""
 
     @property
     def model_states(self) -> float:
@@ -219,7 +221,7 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> float:
-        return self.model_states + self.activations + self.logits + self.buffers
+        return self.model_states + self.activations + self.logits + self.buffers + self.backward
 
     def terms(self) -> Dict[str, float]:
         """Every byte of :attr:`total`, by name, in a fixed order."""
@@ -228,7 +230,7 @@ class MemoryBreakdown:
             "optimizer (dense)": self.optimizer_dense, "optimizer (experts)": self.optimizer_expert,
             "activations (layers)": self.activations - self.activation_embedding,
             "activations (embedding)": self.activation_embedding, "logits + cross-entropy": self.logits,
-            "communicator buffers": self.buffers,
+            "communicator buffers": self.buffers, "backward working set": self.backward,
         }
 
     def to_dict(self) -> Dict[str, float]:
@@ -413,6 +415,35 @@ def dispatch_buffer_bytes(model: ModelConfig, batch: BatchConfig, layout: Layout
     return 2 * opts.moe_imbalance * model.top_k * tokens * model.hidden_size * 2.0
 
 
+def backward_working_bytes(model: ModelConfig, batch: BatchConfig, layout: Layout, opts: PlannerOptions) -> float:
+    """Bytes per GPU of the gradient tensors that exist together while one layer runs its backward (transient: one
+    layer at a time, counted once). For the larger of the layer's two blocks: the incoming gradient of the residual
+    stream (2h per token / t); the block's intermediate gradients (MLP: the fc1-output gradient, (4 if gated else
+    2) f / t; MoE: per routed copy the fc1-output and expert-input gradients, k (fc1 f_e + 2h) x the imbalance / t;
+    attention: the gradients of q, k, v and the output, 2 (q + k + v + out widths) / t, plus flash attention's fp32
+    dq accumulator, 4 h_q / t); and the first GEMM's data gradient, 2h per token of the full sequence before
+    sequence parallelism reduce-scatters it, beside that GEMM's input, all-gathered again for the weight gradient
+    ((2 - FP8) h; Korthikanti et al. 2022, Sec. 4.2.2; Megatron-Core's
+    ``LinearWithGradAccumulationAndAsyncCommunication.backward``). Without TP the data gradient is 2h and the input
+    is the saved activation. T = b s / c tokens per rank."""
+    t, h = layout.tp, model.hidden_size
+    f8 = 1.0 if opts.fp8 else 0.0
+    fc1 = 4 if model.gated_mlp else 2
+    if model.is_mla:
+        a = model.num_attention_heads
+        widths = a * (2 * (model.qk_head_dim + model.qk_pos_emb_head_dim) + 2 * model.v_head_dim)
+    else:
+        widths = 2 * model.q_size + 2 * model.kv_size
+    attn = 2 * widths + 4 * model.q_size
+    mlp = fc1 * model.ffn_hidden_size if model.moe_layers < model.num_layers else 0.0
+    if model.moe_layers:
+        routed = model.top_k * (fc1 * model.expert_ffn_hidden_size + 2 * h) * opts.moe_imbalance
+        mlp = max(mlp, routed + model.num_shared_experts * fc1 * model.shared_ffn)
+    sp_pair = 2 * h + (2 - f8) * h if t > 1 else 2 * h
+    per_token = (2 * h + max(attn, mlp)) / t + sp_pair
+    return per_token * batch.micro_batch * batch.seq_length / layout.cp
+
+
 def process_groups(model: ModelConfig, layout: Layout) -> Dict[str, int]:
     """Sizes of the process groups a GPU belongs to."""
     g = {"TP": layout.tp, "PP": layout.pp, "CP": layout.cp, "DPxCP": layout.dp * layout.cp}
@@ -437,6 +468,7 @@ def memory_breakdown(
     logits = _logit_bytes(model, batch, layout, opts)
     buffers = opts.nccl_buffer_bytes * sum(1 for v in process_groups(model, layout).values() if v > 1)
     buffers += dispatch_buffer_bytes(model, batch, layout, opts)
+    backward = backward_working_bytes(model, batch, layout, opts)
     gb = 4.0 if opts.grad_dtype == "fp32" else 2.0
     n_dense, n_exp = layout.dp * layout.cp, layout.edp
     shard_w = opts.optimizer == "zero3"
@@ -455,7 +487,7 @@ def memory_breakdown(
         acts, embed = _stage_activations(model, batch, layout, opts, m, idx)
         lg = logits if st in ("only", "last") else 0.0
         mb = MemoryBreakdown(weights, grads, od + oe, od, oe, acts, lg, buffers, st, pd, pe, fp8, embed,
-                             in_flight(layout, m, idx), stage_layer_count(model, p, idx))
+                             in_flight(layout, m, idx), stage_layer_count(model, p, idx), backward)
         if best is None or mb.total > best.total:
             best = mb
     assert best is not None
