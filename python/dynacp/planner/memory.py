@@ -30,6 +30,9 @@ rank, T = b*s/c tokens per rank per micro-batch):
 * Communication buffers: nccl_buffer_bytes per process group larger than one, plus, for a MoE model with EP > 1,
   the token dispatch's send and receive buffers of one MoE layer, which exist together while a layer dispatches
   (forward) or combines (backward): 2 x imbalance x k x T / t tokens x h x 2 B (:func:`dispatch_buffer_bytes`).
+* Backward working set, once: one layer's gradient tensors while it runs its backward, the incoming residual
+  gradient, the larger block's intermediate gradients and, with sequence parallelism, the full-sequence data
+  gradient beside the re-gathered GEMM input (:func:`backward_working_bytes`; Korthikanti et al. 2022, Sec. 4.2.2).
 """
 
 from __future__ import annotations
