@@ -97,7 +97,7 @@ def test_breakdown_names_every_term_and_sums_to_the_total() -> None:
     terms = mem.terms()
     assert set(terms) == {"weights (bf16)", "weights (fp8 copy)", "main grads", "optimizer (dense)",
                           "optimizer (experts)", "activations (layers)", "activations (embedding)",
-                          "logits + cross-entropy", "communicator buffers"}
+                          "logits + cross-entropy", "communicator buffers", "backward working set"}
     assert sum(terms.values()) == pytest.approx(mem.total)
     assert terms["weights (fp8 copy)"] == pytest.approx(mem.params_dense + mem.params_expert)
     assert json.dumps(mem.to_dict())  # serialisable, terms included
@@ -111,9 +111,10 @@ def test_grad_dtype_fp8_and_mlp_recompute_change_memory_as_stated() -> None:
     bf16 = memory_breakdown(model, batch, lay, _opts(grad_dtype="bf16"), m=64)
     assert base.grads == pytest.approx(2 * bf16.grads)  # fp32 main grads are 4 B, bf16 2 B
     fp8 = memory_breakdown(model, batch, lay, _opts(fp8=True), m=64)
-    # FP8 saves the QKV, fc1 and fc2 inputs' second byte: h + h + f per token and layer
-    h, f = 8192, 28672
-    saved = (2 * h + f) * 8192 / 4 * base.layers * base.in_flight
+    # FP8 saves the QKV, fc1 and fc2 inputs' second byte: h + h + f per token and layer, and keeps the output
+    # projection's 1-byte cast of the attention output beside its bf16 copy: h_q more (issue 37)
+    h, f, hq = 8192, 28672, 8192
+    saved = (2 * h + f - hq) * 8192 / 4 * base.layers * base.in_flight
     assert base.activations - fp8.activations == pytest.approx(saved, rel=1e-9)
     mlp = memory_breakdown(model, batch, lay, _opts(recompute_mlp=True), m=64)
     assert mlp.activations < fp8.activations
@@ -340,13 +341,14 @@ def test_mlp_recompute_leaves_moe_layers_and_moe_recompute_takes_them() -> None:
 def test_mla_activations_use_its_latent_and_head_widths() -> None:
     """DeepSeek-V3's MLA block per token, bf16: norm input and down-projection input 4h, latents 4 x 1536 + 2 x 576
     + 2 x 512, q and k 2 x 128 x 192 each, v and the attention output 2 x 128 x 128 each; mla_up_proj recompute
-    drops q, k and v; FP8 keeps the down-projection input as 1 byte."""
+    drops q, k and v; FP8 keeps the down-projection input as 1 byte and the output projection's 1-byte cast of the
+    attention output (128 x 128) beside the bf16 copy (issue 37)."""
     model = pl.model_preset("deepseek-v3")
     h = 7168
     full = 4 * h + 8320 + 2 * 49152 + 2 * 32768
     assert _layer_bytes_per_token(model, _opts(), 4096)["attn"] == full == 200832
     up = _opts(recompute_mla_up_proj=True, fp8=True)
-    assert _layer_bytes_per_token(model, up, 4096)["attn"] == full - 131072 - h
+    assert _layer_bytes_per_token(model, up, 4096)["attn"] == full - 131072 - h + 128 * 128 == 78976
     assert mla_up_proj_params(model) == 1536 * 128 * 192 + 512 * 128 * 256
     assert mla_up_proj_params(pl.model_preset("llama3-8b")) == 0.0
     # the up-projections' second forward costs GEMM time, nothing else
@@ -424,7 +426,7 @@ def test_layernorm_and_activation_recompute_drop_exactly_their_outputs() -> None
     assert layer(recompute_mlp_act=True) == 520192 - 2 * f
     assert layer(recompute_layernorm=True, recompute_mlp_act=True) == 4 * h + 4 * hq + 4 * hkv + 4 * f == 348160
     fp8 = layer(fp8=True)
-    assert fp8 == 520192 - (2 * h + f)
+    assert fp8 == 520192 - (2 * h + f) + hq  # issue 37: the attention output's FP8 cast is kept beside it
     assert layer(fp8=True, recompute_layernorm=True, recompute_mlp_act=True) == fp8 - 2 * h - f
     # moe_act is the routed experts' only; full recompute keeps each layer's input whatever the modules say;
     # 'mlp' already keeps only the dense MLP's input, so 'mlp_act' on top changes nothing

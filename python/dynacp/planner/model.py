@@ -424,7 +424,7 @@ class PlannerOptions:
     """Usable fraction of GPU memory. 0.92 leaves 8 % (6.8 GB of an H100's 85.0e9 bytes) for the CUDA context,
     library workspaces (cuBLAS, Transformer Engine's TP-overlap buffers) and allocator fragmentation beyond
     ``nccl_buffer_bytes``. It was chosen against docs/planner.md's validation table (see its calibration note):
-    every published layout except Llama 3's PP16 x V8 on 8,192 GPUs fits under it. Fujii et al.'s stricter 0.8 (no
+    every published layout except Llama 3's PP16 x V8 on 8,192 GPUs fits under it (issue 22; not refitted since). Fujii et al.'s stricter 0.8 (no
     OOM in 454 runs) is the safe choice for a new model."""
     nccl_buffer_bytes: float = 0.5e9
     """Communicator buffer bytes per process group of size > 1 (~0.5 GB per communicator, Fujii et al.)."""
@@ -435,8 +435,17 @@ class PlannerOptions:
     efficiency: Optional[Dict[str, float]] = None
     """Overrides of :class:`dynacp.planner.efficiency.Efficiency` fields, e.g. ``{"gemm_max": 0.75}``."""
     fp8: bool = False
-    """FP8 GEMMs (Transformer Engine): GEMM time / Efficiency.fp8_gemm_speedup, plus 1 B/param for the FP8 weight
-    copy; attention and the memory-bound work stay in bf16."""
+    """FP8 GEMMs (Transformer Engine): GEMM time / Efficiency.fp8_gemm_speedup; attention and the memory-bound work
+    stay in bf16. The weights' FP8 copies are set by ``fp8_param``."""
+    fp8_param: bool = True
+    """With ``fp8``: the weights are kept in FP8 only (Megatron's --fp8-param-gather, which every FP8 recipe of
+    Megatron-Bridge and NeMo 2 sets except the blockwise one: tensorwise current and delayed scaling, MXFP8): 1 B
+    per parameter plus the 1 B transposed (column-wise) copy that the backward GEMMs need on Hopper
+    (``post_all_gather_processing`` in megatron/core/fp8_utils.py creates it), no bf16 copy, and the DP parameter
+    all-gather moves 1 B. False: bf16 weights (2 B) plus Transformer Engine's cached FP8 workspace, row-wise and
+    column-wise (2 B; Megatron-Core keeps it across micro-batches, ``is_first_microbatch``), as Megatron-Bridge's
+    blockwise (DeepSeek-V3 subchannel) recipe runs. The fp32 master copy and the moments are the optimizer's 12 B
+    either way."""
     dp_overlap: bool = True
     """Overlap the DP gradient reduce-scatter with the last micro-batch's backward and the parameter all-gather
     with the first forward (Megatron's --overlap-grad-reduce / --overlap-param-gather); False = fully exposed."""

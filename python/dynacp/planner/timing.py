@@ -45,6 +45,7 @@ from dynacp.planner.memory import (
     recomputed_bytes_per_token,
     stage_layer_count,
     stage_split,
+    weight_bytes_per_param,
 )
 from dynacp.planner.model import BatchConfig, ClusterConfig, Layout, ModelConfig, PlannerOptions
 
@@ -348,22 +349,24 @@ def _dp_seconds_per_byte(cluster: ClusterConfig, layout: Layout, model: ModelCon
 def dp_traffic(cluster: ClusterConfig, layout: Layout, opts: PlannerOptions, model: ModelConfig) -> Dict[str, float]:
     """DP seconds before overlap: 'rs_step' / 'ag_step' once per step, 'rs_mb' / 'ag_mb_fwd' / 'ag_mb_bwd' once per
     micro-batch. The distributed optimizer and ZeRO-1 keep whole gradients over the micro-batches and reduce-scatter
-    them once per step (gb bytes per parameter) and all-gather the updated bf16 weights once (2 B); plain DDP
+    them once per step (gb bytes per parameter) and all-gather the updated weights once (2 B bf16, 1 B FP8 primary
+    weights: memory.weight_bytes_per_param); plain DDP
     (zero0) all-reduces once (2 gb). ZeRO-2 keeps only a gradient shard, so each micro-batch's backward
     reduce-scatters its gradients (as DeepSpeed's ZeRO-2 and FSDP without no_sync do; the Llama 3 paper's FSDP
     "shards optimizer states and gradients" and reduce-scatters them in fp32). ZeRO-3 also all-gathers the weights
     in each micro-batch's forward and again in its backward."""
     unit = _dp_seconds_per_byte(cluster, layout, model)
     gb = 4.0 if opts.grad_dtype == "fp32" else 2.0
+    wb = weight_bytes_per_param(opts)[0] * unit  # the primary weights: 1 B with FP8 primary weights
     out = {"rs_step": 0.0, "ag_step": 0.0, "rs_mb": 0.0, "ag_mb_fwd": 0.0, "ag_mb_bwd": 0.0}
     if opts.optimizer == "zero0":
         out["rs_step"] = 2 * gb * unit
     elif opts.optimizer in ("distributed", "zero1"):
-        out["rs_step"], out["ag_step"] = gb * unit, 2 * unit
+        out["rs_step"], out["ag_step"] = gb * unit, wb
     elif opts.optimizer == "zero2":
-        out["rs_mb"], out["ag_step"] = gb * unit, 2 * unit
+        out["rs_mb"], out["ag_step"] = gb * unit, wb
     else:
-        out["rs_mb"], out["ag_mb_fwd"], out["ag_mb_bwd"] = gb * unit, 2 * unit, 2 * unit
+        out["rs_mb"], out["ag_mb_fwd"], out["ag_mb_bwd"] = gb * unit, wb, wb
     return out
 
 
