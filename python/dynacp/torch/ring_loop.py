@@ -91,6 +91,24 @@ class BlockSpec:
     first: bool = False
     """No earlier block of the ring reaches these q rows: the forward copies this block's (out, lse) instead of
     merging it."""
+    q_runs: Optional[tuple[tuple[int, int], ...]] = None
+    """``q_idx`` as local row ranges ``[lo, hi)``, in block order, when it has at most ``TUNING.max_runs`` of them
+    (else None): reads become views and the merge works on row slices instead of a gather and a scatter."""
+    k_runs: Optional[tuple[tuple[int, int], ...]] = None
+    """The same for ``k_idx`` (rows of the kv buffer)."""
+
+
+@dataclass(frozen=True)
+class LoopTuning:
+    """Tuning constants of the Python ring loop."""
+
+    max_runs: int = 16
+    """Most contiguous row ranges a block's q (or kv) rows may form to be handled as slices (a view per range, a
+    merge kernel per range) rather than one gather and one scatter: a pack of few long documents has one or a few
+    ranges per block; many short documents are cheaper as one indexed kernel."""
+
+
+TUNING = LoopTuning()
 
 
 def build_specs(cu_seqlens: np.ndarray, cu_padded: np.ndarray, cp: int, rank: int, causal: Sequence[bool],
@@ -149,11 +167,41 @@ def _spec(qs: list, ks: list, diag: bool, device: torch.device, rows: int, first
 
     return BlockSpec(up(q_idx, torch.long), up(k_idx, torch.long), up(cu_q, torch.int32), up(cu_k, torch.int32),
                      cu_q.tolist(), cu_k.tolist(), int(np.diff(cu_q).max()), int(np.diff(cu_k).max()), diag,
-                     everything(q_idx), everything(k_idx), first)
+                     everything(q_idx), everything(k_idx), first, row_runs(q_idx), row_runs(k_idx))
 
 
-def _rows(x: torch.Tensor, idx: torch.Tensor, everything: bool) -> torch.Tensor:
-    return x if everything else x.index_select(0, idx)
+def row_runs(idx: np.ndarray, max_runs: Optional[int] = None) -> Optional[tuple[tuple[int, int], ...]]:
+    """``idx`` (increasing within each run) as ranges ``[lo, hi)`` of consecutive rows, or None when there are more
+    than ``max_runs`` (default ``TUNING.max_runs``) or none."""
+    limit = TUNING.max_runs if max_runs is None else max_runs
+    if idx.size == 0:
+        return None
+    breaks = np.flatnonzero(np.diff(idx) != 1) + 1
+    if len(breaks) + 1 > limit:
+        return None
+    starts = np.concatenate([[0], breaks])
+    ends = np.concatenate([breaks, [idx.size]])
+    return tuple((int(idx[a]), int(idx[b - 1]) + 1) for a, b in zip(starts, ends))
+
+
+def _rows(x: torch.Tensor, idx: torch.Tensor, everything: bool,
+          runs: Optional[tuple[tuple[int, int], ...]] = None) -> torch.Tensor:
+    """Rows ``idx`` of ``x``: ``x`` itself, a view (one run), or a gather."""
+    if everything:
+        return x
+    if runs is not None and len(runs) == 1:
+        return x[runs[0][0]:runs[0][1]]
+    return x.index_select(0, idx)
+
+
+def _add_rows(acc: torch.Tensor, idx: torch.Tensor, everything: bool, runs, grad: torch.Tensor) -> None:
+    """``acc[idx] += grad`` (in place; a slice when ``idx`` is one run)."""
+    if everything:
+        acc.add_(grad)
+    elif runs is not None and len(runs) == 1:
+        acc[runs[0][0]:runs[0][1]].add_(grad)
+    else:
+        acc.index_add_(0, idx, grad)
 
 
 # -- block functions --------------------------------------------------------------------------------------------------
@@ -239,10 +287,12 @@ FLASH_DTYPES = (torch.float16, torch.bfloat16)
 FLASH_MAX_HEAD_DIM = 256
 
 
-FLASH_FORWARD_ARGS = ("Tensor", "Tensor", "Tensor", "Tensor?", "Tensor?", "SymInt", "SymInt", "float", "bool", "bool")
-"""Types of the positional arguments FlashBlock passes to ``aten::_flash_attention_forward`` (query, key, value,
-cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask), then ``scale=`` by keyword."""
-FLASH_BACKWARD_ARGS = ("Tensor",) * 8 + ("SymInt", "SymInt", "float", "bool", "Tensor", "Tensor")
+FLASH_FORWARD_ARGS = ("Tensor", "Tensor", "Tensor", "Optional[Tensor]", "Optional[Tensor]", "int", "int", "float",
+                      "bool", "bool")
+"""Types (as ``str(argument.type)`` prints them: ``Tensor?`` is ``Optional[Tensor]``, ``SymInt`` is ``int``) of the
+positional arguments FlashBlock passes to ``aten::_flash_attention_forward`` (query, key, value, cum_seq_q,
+cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask), then ``scale=`` by keyword."""
+FLASH_BACKWARD_ARGS = ("Tensor",) * 8 + ("int", "int", "float", "bool", "Tensor", "Tensor")
 """Types of the positional arguments of ``aten::_flash_attention_backward`` (grad_out, query, key, value, out,
 logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, rng_state, unused), then ``scale=``."""
 FLASH_FORWARD_RETURNS = 5
@@ -344,18 +394,27 @@ def make_block(block, device: torch.device, dtype: torch.dtype, head_dim: int) -
 # -- the loop ---------------------------------------------------------------------------------------------------------
 
 def merge_block(out: torch.Tensor, lse: torch.Tensor, idx: torch.Tensor, ob: torch.Tensor, lb: torch.Tensor,
-                everything: bool = False, first: bool = False) -> None:
+                everything: bool = False, first: bool = False,
+                runs: Optional[tuple[tuple[int, int], ...]] = None) -> None:
     """Merge a block's (out ``ob`` [n, H, D], lse ``lb`` [n, H]) into the accumulators at rows ``idx`` (all rows,
-    in order, when ``everything``), in place.
+    in order, when ``everything``; the row ranges ``runs`` when given, see :func:`row_runs`), in place.
 
     ``first`` (no earlier block reached these rows): a copy. Otherwise two passes: on ``[n, H]`` the weight
     ``w = sigmoid(lb - la)`` and the overflow-free ``max(la, lb) + log1p(exp(-|la - lb|))``, then one
     ``lerp_(ob, w)`` of the ``[n, H, D]`` rows, which is ``o - w (o - ob)``. Rows whose block LSE is -inf keep
-    their values (w = 0); rows not reached yet (la = -inf) take the block's (w = 1)."""
+    their values (w = 0); rows not reached yet (la = -inf) take the block's (w = 1). With ``everything`` or
+    ``runs`` the rows are updated through slices; otherwise they are gathered and scattered back."""
+    slices = None
+    if everything:
+        slices = [(0, out.shape[0], 0)]
+    elif runs is not None:
+        starts = np.cumsum([0] + [hi - lo for lo, hi in runs])
+        slices = [(lo, hi, int(s0)) for (lo, hi), s0 in zip(runs, starts)]
     if first:
-        if everything:
-            out.copy_(ob)
-            lse.copy_(lb)
+        if slices is not None:
+            for lo, hi, s0 in slices:
+                out[lo:hi].copy_(ob[s0:s0 + hi - lo])
+                lse[lo:hi].copy_(lb[s0:s0 + hi - lo])
         else:
             out.index_copy_(0, idx, ob.to(out.dtype))
             lse.index_copy_(0, idx, lb.to(lse.dtype))
@@ -363,15 +422,18 @@ def merge_block(out: torch.Tensor, lse: torch.Tensor, idx: torch.Tensor, ob: tor
     la = lse if everything else lse.index_select(0, idx)
     lb = lb.to(la.dtype)
     skip = lb == float("-inf")
-    w = torch.sigmoid(lb - la).masked_fill_(skip, 0.0)
+    w = torch.sigmoid(lb - la).masked_fill_(skip, 0.0).unsqueeze(-1)
     new_l = torch.where(skip, la, torch.maximum(la, lb) + torch.log1p(torch.exp(-(la - lb).abs())))
-    o = out if everything else out.index_select(0, idx)
-    o.lerp_(ob.to(o.dtype), w.unsqueeze(-1))
-    if everything:
-        lse.copy_(new_l)
-    else:
-        out.index_copy_(0, idx, o)
-        lse.index_copy_(0, idx, new_l)
+    ob = ob.to(out.dtype)
+    if slices is not None:
+        for lo, hi, s0 in slices:
+            out[lo:hi].lerp_(ob[s0:s0 + hi - lo], w[s0:s0 + hi - lo])
+            lse[lo:hi].copy_(new_l[s0:s0 + hi - lo])
+        return
+    o = out.index_select(0, idx)
+    o.lerp_(ob, w)
+    out.index_copy_(0, idx, o)
+    lse.index_copy_(0, idx, new_l)
 
 
 class RingLoop:
@@ -406,10 +468,11 @@ class RingLoop:
                 hop = self.comm.post(cur, bufs[(t + 1) % 2], "kv", t + 1)
             for j, spec in enumerate(self.specs[t]):
                 ki = spec.k_idx
-                res = self.block.forward(_rows(q, spec.q_idx, spec.q_all), _rows(cur[0], ki, spec.k_all),
-                                         _rows(cur[1], ki, spec.k_all), spec, self.scale)
+                res = self.block.forward(_rows(q, spec.q_idx, spec.q_all, spec.q_runs),
+                                         _rows(cur[0], ki, spec.k_all, spec.k_runs),
+                                         _rows(cur[1], ki, spec.k_all, spec.k_runs), spec, self.scale)
                 self.saved[t][j] = res[2] if len(res) > 2 else None
-                merge_block(out, lse, spec.q_idx, res[0], res[1], spec.q_all, spec.first)
+                merge_block(out, lse, spec.q_idx, res[0], res[1], spec.q_all, spec.first, spec.q_runs)
             if hop is not None:
                 self.comm.wait(hop, "kv", t + 1)
         return out, lse
@@ -428,16 +491,14 @@ class RingLoop:
                 kv_hop = self.comm.post(cur, bufs[(t + 1) % 2], "kv", t + 1)
             dkv = torch.zeros(cur.shape, dtype=self.acc, device=q.device)
             for j, spec in enumerate(self.specs[t]):
-                qi, ki, qa, ka = spec.q_idx, spec.k_idx, spec.q_all, spec.k_all
+                qi, ki, qa, ka, qr, kr = spec.q_idx, spec.k_idx, spec.q_all, spec.k_all, spec.q_runs, spec.k_runs
                 state = {} if self.saved[t][j] is None else {"state": self.saved[t][j]}
-                g = self.block.backward(_rows(dout, qi, qa), _rows(q, qi, qa), _rows(cur[0], ki, ka),
-                                        _rows(cur[1], ki, ka), _rows(out, qi, qa), _rows(lse, qi, qa), spec,
-                                        self.scale, **state)
-                for acc, idx, every, grad in ((dq, qi, qa, g[0]), (dkv[0], ki, ka, g[1]), (dkv[1], ki, ka, g[2])):
-                    if every:
-                        acc.add_(grad.to(self.acc))
-                    else:
-                        acc.index_add_(0, idx, grad.to(self.acc))
+                g = self.block.backward(_rows(dout, qi, qa, qr), _rows(q, qi, qa, qr), _rows(cur[0], ki, ka, kr),
+                                        _rows(cur[1], ki, ka, kr), _rows(out, qi, qa, qr), _rows(lse, qi, qa, qr),
+                                        spec, self.scale, **state)
+                for acc, idx, every, runs, grad in ((dq, qi, qa, qr, g[0]), (dkv[0], ki, ka, kr, g[1]),
+                                                    (dkv[1], ki, ka, kr, g[2])):
+                    _add_rows(acc, idx, every, runs, grad.to(self.acc))
             if dkv_hop is not None:  # the dk/dv accumulated so far for the kv held at step t
                 self.comm.wait(dkv_hop, "dkv", t)
                 dkv += dkv_recv[(t - 1) % 2]
