@@ -170,6 +170,14 @@ def _spec(qs: list, ks: list, diag: bool, device: torch.device, rows: int, first
                      everything(q_idx), everything(k_idx), first, row_runs(q_idx), row_runs(k_idx))
 
 
+def pack_spec(cu_seqlens: np.ndarray, causal: bool, device: torch.device) -> BlockSpec:
+    """One block holding every (non-empty) sequence of an unpadded pack of ``cu_seqlens[-1]`` rows against itself:
+    the single-call baseline of benchmarks/gpu_ring.py."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    seqs = [np.arange(a, b, dtype=np.int64) for a, b in zip(cu[:-1], cu[1:]) if b > a]
+    return _spec(seqs, seqs, causal, device, int(cu[-1]), first=True)
+
+
 def row_runs(idx: np.ndarray, max_runs: Optional[int] = None) -> Optional[tuple[tuple[int, int], ...]]:
     """``idx`` (increasing within each run) as ranges ``[lo, hi)`` of consecutive rows, or None when there are more
     than ``max_runs`` (default ``TUNING.max_runs``) or none."""
