@@ -77,6 +77,12 @@ def main() -> int:
 
     venv = sys.prefix != sys.base_prefix
     add("python", "PASS", f"{sys.version.split()[0]} at {sys.executable}" + (" (a venv)" if venv else ""))
+    try:
+        import numpy  # noqa: PLC0415
+
+        add("numpy", "PASS", f"numpy {numpy.__version__}")
+    except Exception as e:
+        add("numpy", "FAIL", f"import numpy failed ({e}): dynacp needs numpy, so every Python stage fails")
     status, reason, inc = python_headers()
     add("python_headers", status, reason)
     env["PY_INCLUDE"] = inc

@@ -38,6 +38,7 @@ OUT_DIR=${OUT:-$PWD/build-gpu/out$([ $DRY = 1 ] && echo -dry)}
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 PY=${PYTHON:-python3}
+PY_EXE=$("$PY" -c 'import sys; print(sys.executable)' 2>/dev/null || command -v "$PY")  # the interpreter itself (not a shim)
 BUILD=${BUILD_DIR:-build-gpu$([ $DRY = 1 ] && echo -dry)}
 BUDGET=${RUN_BUDGET_S:-450}
 BENCH_RESERVE=160   # seconds kept for the benchmark while the correctness stages run
@@ -114,7 +115,7 @@ main() {
     [ $DRY = 0 ] && [ "$HAVE_NVCC" = 1 ] && cuda_args=(-DDYNACP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch")
     stage build_core 300 "$BENCH_RESERVE" bash -c "cmake -S . -B '$BUILD' -G '$CMAKE_GENERATOR' -DCMAKE_BUILD_TYPE=Release \
       ${cuda_args[*]} -DDYNACP_BUILD_TESTS=OFF -DDYNACP_BUILD_BENCHMARKS=OFF -DDYNACP_BUILD_PYTHON=ON \
-      -DPython_EXECUTABLE='$(command -v "$PY")' -DPython_INCLUDE_DIR='$PY_INCLUDE' -Dpybind11_DIR='$PYBIND11_CMAKE_DIR' \
+      -DPython_EXECUTABLE='$PY_EXE' -DPython_INCLUDE_DIR='$PY_INCLUDE' -Dpybind11_DIR='$PYBIND11_CMAKE_DIR' \
       && cmake --build '$BUILD' -j $jobs --target _core"
     if ls "$BUILD"/python/_core*.so >/dev/null 2>&1; then ext=$(cd "$BUILD/python" && pwd); else core_why="build_core failed"; fi
   fi
@@ -135,7 +136,7 @@ main() {
     echo "=== stage build_cuda (background): dynacp_gpu_check ${py_targets[*]}"
     ( [ -f "$BUILD/CMakeCache.txt" ] && [ ${#py_args[@]} = 0 ] || cmake -S . -B "$BUILD" -G "$CMAKE_GENERATOR" \
         -DCMAKE_BUILD_TYPE=Release -DDYNACP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DDYNACP_BUILD_TESTS=OFF \
-        -DDYNACP_BUILD_BENCHMARKS=OFF "${py_args[@]}" -DPython_EXECUTABLE="$(command -v "$PY")"
+        -DDYNACP_BUILD_BENCHMARKS=OFF "${py_args[@]}" -DPython_EXECUTABLE="$PY_EXE"
       cmake --build "$BUILD" -j "$jobs" --target dynacp_gpu_check "${py_targets[@]}" ) \
       > "$OUT_DIR/stage-build_cuda.log" 2>&1 &
     cuda_pid=$!

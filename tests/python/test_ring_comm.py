@@ -86,7 +86,7 @@ def _worker(rank: int, world: int) -> dict:
 
 
 def test_pool_warm_up_before_the_first_p2p_on_a_sub_ring_and_host_staging():
-    for rank, res in enumerate(run_workers(_worker, 4)):
+    for res in run_workers(_worker, 4):
         assert "warm_up_group(group)" in res["refused"] and "device_id" in res["refused"], res["refused"]
         assert res["warm"] == [4, 0], res
         assert "warm_up" not in res["sub_events"] and "post_kv" in res["sub_events"], res
