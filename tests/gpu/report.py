@@ -3,6 +3,9 @@ docs/benchmarks.md into gpu_ring_section.md (standard library only: it works wha
 
     python3 tests/gpu/report.py --out DIR --mode gpu|dry-run --wall-s SECONDS --command "..."
 
+run.sh refreshes the two files after every stage, so a run cut off from outside still leaves them; rerun this on
+the returned files to include the rows of a benchmark that was cut short (it reads gpu_ring_bench.json as is).
+
 results.json keys: schema_version, mode, command, started_utc, wall_s, status (PASS / INCOMPLETE / FAIL), prechecks
 (name, status, reason), stages (name, status, seconds, limit_s, reason), flash_schemas, gpu_ring (the results of
 benchmarks/gpu_ring.py: checks, bench rows), p2p_check (tests/gpu/ring_p2p_check.py), files. Exit status 0 when
@@ -45,6 +48,19 @@ def read_stages(path: Path) -> list[dict]:
     return stages
 
 
+def gpu_ring_results(out: Path):
+    """benchmarks/gpu_ring.py's results of the run: the check stage's and the bench stage's files merged (either may
+    be missing or cut short)."""
+    parts = [p for p in (_json(out / "gpu_ring_check.json"), _json(out / "gpu_ring_bench.json")) if p]
+    if not parts:
+        return None
+    merged = dict(parts[-1])
+    merged["checks"] = [c for p in parts for c in p.get("checks", [])]
+    merged["bench"] = [r for p in parts for r in p.get("bench", [])]
+    merged["command"] = " ; ".join(p.get("command", "") for p in parts)
+    return merged
+
+
 def overall(mode: str, prechecks: list[dict], stages: list[dict]) -> str:
     """FAIL when a stage failed; INCOMPLETE when a stage the mode should run was skipped (or none ran); else PASS."""
     if any(s["status"] == "FAIL" for s in stages) or not stages:
@@ -60,6 +76,7 @@ def main() -> int:
     ap.add_argument("--wall-s", type=float, default=0.0, help="seconds the run took so far")
     ap.add_argument("--started-utc", default="", help="when the run started (UTC)")
     ap.add_argument("--command", default="bash tests/gpu/run.sh", help="the command that ran")
+    ap.add_argument("--quiet", action="store_true", help="no output (run.sh refreshes the files after each stage)")
     args = ap.parse_args()
     out = Path(args.out)
     pre = _json(out / "precheck.json") or {}
@@ -69,7 +86,7 @@ def main() -> int:
         "started_utc": args.started_utc or f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}",
         "wall_s": args.wall_s, "status": overall(args.mode, pre.get("checks", []), stages),
         "prechecks": pre.get("checks", []), "stages": stages, "flash_schemas": pre.get("flash_schemas", []),
-        "gpu_ring": _json(out / "gpu_ring.json"), "p2p_check": _json(out / "p2p_check.json"),
+        "gpu_ring": gpu_ring_results(out), "p2p_check": _json(out / "p2p_check.json"),
     }
     if results["gpu_ring"] is not None:  # the section's header names the machine of the run
         results["gpu_ring"].setdefault("gpu", pre.get("gpu", "CPU"))
@@ -79,7 +96,8 @@ def main() -> int:
     spec.loader.exec_module(report)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "gpu_ring_section.md").write_text(report.render_section(results) + "\n")
-    print(f"report: status {results['status']}; wrote {out / 'results.json'} and {out / 'gpu_ring_section.md'}")
+    if not args.quiet:
+        print(f"report: status {results['status']}; wrote {out / 'results.json'} and {out / 'gpu_ring_section.md'}")
     return 0 if results["status"] == "PASS" else 1
 
 

@@ -14,7 +14,8 @@
 #
 # Files in $OUT: run.log (everything printed), results.json (machine-readable: prechecks, stages, correctness cases,
 # benchmark rows; keys in tests/gpu/report.py), gpu_ring_section.md (the docs table), stages.tsv, precheck.json,
-# gpu_ring.json, p2p_check.json and one stage-<name>.log per stage.
+# gpu_ring_check.json, gpu_ring_bench.json, p2p_check.json and one stage-<name>.log per stage. results.json and the
+# section are refreshed after every stage (and `python3 tests/gpu/report.py --out OUT --mode gpu` redoes them).
 #
 # Stages, each PASS / SKIP / FAIL with its reason and its own time limit; a failed stage never stops the later ones:
 #   precheck          Python.h, pybind11, cmake, nvcc, torch version, torch CUDA, FlashAttention, nvidia-smi
@@ -49,9 +50,15 @@ COMMAND="bash tests/gpu/run.sh${1:+ $1}"
 
 elapsed() { echo $(( $(date +%s) - START )); }
 
-record() {  # name status seconds limit reason
+report() {  # results.json and gpu_ring_section.md from what $OUT holds now
+  "$PY" tests/gpu/report.py --out "$OUT_DIR" --mode "$MODE" --wall-s "$(elapsed)" --started-utc "$STARTED_UTC" \
+    --command "$COMMAND" "$@"
+}
+
+record() {  # name status seconds limit reason; then the results files are refreshed
   printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >> "$OUT_DIR/stages.tsv"
   echo "=== stage $1: $2 (${3} s of ${4} s) -- $5"
+  report --quiet >/dev/null 2>&1 || true
 }
 
 # stage NAME LIMIT RESERVE CMD...: runs CMD under `timeout`, limited to LIMIT seconds and to what the budget leaves
@@ -200,18 +207,7 @@ main() {
     stage bench 400 "$REPORT_RESERVE" "${pyenv[@]}" "$PY" benchmarks/gpu_ring.py --bench "${bench_args[@]}" \
       --json "$OUT_DIR/gpu_ring_bench.json" --budget $(( left > 60 ? left - 45 : 15 ))
   fi
-  "$PY" - "$OUT_DIR" <<'EOF'
-import json, sys, pathlib
-out = pathlib.Path(sys.argv[1])
-parts = [json.loads(p.read_text()) for p in (out / "gpu_ring_check.json", out / "gpu_ring_bench.json") if p.exists()]
-if parts:
-    merged = dict(parts[-1])
-    merged["checks"] = sum((p.get("checks", []) for p in parts), [])
-    merged["bench"] = sum((p.get("bench", []) for p in parts), [])
-    (out / "gpu_ring.json").write_text(json.dumps(merged, indent=1))
-EOF
-  "$PY" tests/gpu/report.py --out "$OUT_DIR" --mode "$MODE" --wall-s "$(elapsed)" --started-utc "$STARTED_UTC" \
-    --command "$COMMAND"
+  report
   local rc=$?
   echo "total: $(elapsed) s; files in $OUT_DIR: $(ls "$OUT_DIR" | tr '\n' ' ')"
   return $rc

@@ -31,8 +31,8 @@ def dry_run(tmp_path_factory):
 def test_dry_run_passes_and_writes_the_files(dry_run):
     out, r = dry_run
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    for name in ("run.log", "results.json", "gpu_ring_section.md", "stages.tsv", "precheck.json", "gpu_ring.json",
-                 "p2p_check.json"):
+    for name in ("run.log", "results.json", "gpu_ring_section.md", "stages.tsv", "precheck.json",
+                 "gpu_ring_check.json", "gpu_ring_bench.json", "p2p_check.json"):
         assert (out / name).is_file(), name
     log = (out / "run.log").read_text()
     assert "=== stage flash_check: PASS" in log and "report: status PASS" in log, log[-3000:]
