@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from dynacp import _core
-from dynacp.torch import ring_loop
+from dynacp.torch import ring_comm, ring_loop
 
 ArrayLike = Union[torch.Tensor, np.ndarray, Sequence[int]]
 
@@ -69,8 +69,9 @@ def _ring_device(device: torch.device, dtype: torch.dtype):
 
 def _stage_through_host(device: torch.device, group) -> bool:
     """Whether ring buffers on `device` go through host copies: CUDA buffers over a gloo group (gloo moves only CPU
-    tensors). NCCL (or any backend other than gloo) gets the device buffers themselves."""
-    return device.type != "cpu" and str(dist.get_backend(group)) == "gloo"
+    tensors). NCCL (or any backend other than gloo) gets the device buffers themselves (the rule of the Python loop,
+    ``ring_comm.needs_host_staging``)."""
+    return ring_comm.needs_host_staging(device, group)
 
 
 class _Workspace:
@@ -174,6 +175,7 @@ class _Ring:
         self.cu, self.cu_padded, self.causal, self.scale, self.timeout = cu, cu_padded, causal, scale, timeout
         self.device, self.dtype = device, dtype
         self.acc = _acc_dtype(device, dtype)
+        ring_comm.ensure_warm(group, ranks if ranks is not None else range(size), device, timeout, None)
 
     def _run(self, fn, *tensors: torch.Tensor) -> None:
         q, k = tensors[0], tensors[1]
@@ -212,7 +214,7 @@ class _PyRing:
         cp = len(ranks)
         self.dtype = q.dtype
         self.acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-        self.comm = ring_loop.PoolP2P(group, ranks, timeout, recorder)
+        self.comm = ring_loop.PoolP2P(group, ranks, timeout, recorder, q.device)
         cu_p = _core.zigzag_layout(cu, cp, cu_padded)
         flags = [bool(causal)] * (len(cu) - 1) if isinstance(causal, bool) else [bool(c) for c in causal]
         if len(flags) != len(cu) - 1:

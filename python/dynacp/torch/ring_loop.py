@@ -1,42 +1,48 @@
 """The Python zigzag ring loop: one loop for every device, with a pluggable block function (see docs/runtime.md).
 
-The loop runs the schedule of the C++ ``runtime::ring_blocks`` (``_core.ring_blocks``, through :func:`step_blocks`), the double-buffered K/V exchange, the LSE merge (fp32; fp64 for fp64 inputs)
-and the backward order (dK/dV travel the ring with the K/V they belong to and reach their owner one hop after the last
-step). A *block function* computes one ring step's attention over variable-length blocks with the FlashAttention
-contract -- the forward returns ``(out, lse)``, the backward takes ``(dout, q, k, v, out, lse)`` with the *global*
-out and LSE -- so the same loop runs:
+The loop runs the schedule of the C++ ``runtime::ring_blocks`` (``_core.ring_blocks``, through :func:`step_blocks`),
+the double-buffered K/V exchange, the LSE merge (fp32; fp64 for fp64 inputs) and the backward order (dK/dV travel
+the ring with the K/V they belong to and reach their owner one hop after the last step). A *block function*
+computes one ring step's attention over variable-length blocks with the FlashAttention contract -- the forward
+returns ``(out, lse)`` (optionally a third item, state the backward gets back), the backward takes
+``(dout, q, k, v, out, lse)`` with the *global* out and LSE -- so the same loop runs:
 
 * :class:`TorchBlock` on any device with plain torch ops (fp32/fp64; the CPU path that CI tests line by line), and
 * :class:`FlashBlock` on CUDA with the aten FlashAttention-2 varlen kernels that back
   ``torch.nn.attention.varlen.varlen_attn`` (bf16/fp16, head dim <= 256 and a multiple of 8).
 
-Communication: P2P between ring neighbours over one process group (the DP x CP pool), addressed by the group ranks
-listed in ``ranks``, so no process group per ring is needed. Every hop is posted with ``dist.batch_isend_irecv``
-*before* the block of the current step is computed (the receive for hop t+1 is in flight while block t runs) and is
-waited for only when its buffer is needed; on NCCL ``Work.wait()`` makes the current stream wait (no host sync), on
-gloo it waits with the ring's timeout.
+Merge: the first step that reaches a row copies the block's (out, lse) into the accumulators; every later step
+merges with two passes, ``w = sigmoid(lse_b - lse)`` and the new LSE on ``[n, H]``, then one ``lerp_`` of the
+``[n, H, D]`` rows (benchmarks/ring_merge.py counts the bytes).
+
+Communication (:mod:`dynacp.torch.ring_comm`): P2P between ring neighbours over one process group (the DP x CP
+pool), addressed by the group ranks listed in ``ranks``, so no process group per ring is needed. Every hop is
+posted with ``dist.batch_isend_irecv`` *before* the block of the current step is computed (the receive for hop t+1
+is in flight while block t runs) and is waited for only when its buffer is needed.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import math
-import threading
-import time
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
-import torch.distributed as dist
+
+from dynacp.torch.ring_comm import (  # noqa: F401  (re-exported: the loop's communicators)
+    LocalComm,
+    LocalHub,
+    PoolP2P,
+    Recorder,
+    needs_host_staging,
+    run_local_ring,
+    warm_up_group,
+)
 
 log = logging.getLogger("dynacp")
-
-Recorder = Callable[[str, int], None]
-"""``recorder(event, index)``: called with ("post_kv", hop), ("post_dkv", hop), ("wait_kv", hop), ("wait_dkv", hop)."""
 
 
 # -- schedule ---------------------------------------------------------------------------------------------------------
@@ -82,6 +88,27 @@ class BlockSpec:
     """``q_idx`` is every local row in order (the block reads q and writes out without a gather)."""
     k_all: bool = False
     """``k_idx`` is every row of the kv buffer in order."""
+    first: bool = False
+    """No earlier block of the ring reaches these q rows: the forward copies this block's (out, lse) instead of
+    merging it."""
+    q_runs: Optional[tuple[tuple[int, int], ...]] = None
+    """``q_idx`` as local row ranges ``[lo, hi)``, in block order, when it has at most ``TUNING.max_runs`` of them
+    (else None): reads become views and the merge works on row slices instead of a gather and a scatter."""
+    k_runs: Optional[tuple[tuple[int, int], ...]] = None
+    """The same for ``k_idx`` (rows of the kv buffer)."""
+
+
+@dataclass(frozen=True)
+class LoopTuning:
+    """Tuning constants of the Python ring loop."""
+
+    max_runs: int = 16
+    """Most contiguous row ranges a block's q (or kv) rows may form to be handled as slices (a view per range, a
+    merge kernel per range) rather than one gather and one scatter: a pack of few long documents has one or a few
+    ranges per block; many short documents are cheaper as one indexed kernel."""
+
+
+TUNING = LoopTuning()
 
 
 def build_specs(cu_seqlens: np.ndarray, cu_padded: np.ndarray, cp: int, rank: int, causal: Sequence[bool],
@@ -104,6 +131,7 @@ def _build_specs(cu_seqlens: np.ndarray, cu_padded: np.ndarray, cp: int, rank: i
                  device: torch.device) -> list[list[BlockSpec]]:
     rows = int(cu_padded[-1]) // cp
     steps = []
+    reached = np.zeros(rows, dtype=bool)  # q rows some earlier block already wrote
     for t in range(cp):
         groups: dict[bool, tuple[list, list]] = {}
         for row0, chunk, q_lo, q_hi, k_lo, k_hi, length, qh, kh, diag in step_blocks(cu_seqlens, cu_padded, cp,
@@ -117,11 +145,16 @@ def _build_specs(cu_seqlens: np.ndarray, cu_padded: np.ndarray, cp: int, rank: i
             qs, ks = groups.setdefault(bool(diag), ([], []))
             qs.append(qi)
             ks.append(ki)
-        steps.append([_spec(qs, ks, diag, device, rows) for diag, (qs, ks) in sorted(groups.items())])
+        specs = []
+        for diag, (qs, ks) in sorted(groups.items()):
+            q_rows = np.concatenate(qs)
+            specs.append(_spec(qs, ks, diag, device, rows, first=not reached[q_rows].any()))
+            reached[q_rows] = True
+        steps.append(specs)
     return steps
 
 
-def _spec(qs: list, ks: list, diag: bool, device: torch.device, rows: int) -> BlockSpec:
+def _spec(qs: list, ks: list, diag: bool, device: torch.device, rows: int, first: bool) -> BlockSpec:
     cu_q = np.concatenate([[0], np.cumsum([len(x) for x in qs])]).astype(np.int64)
     cu_k = np.concatenate([[0], np.cumsum([len(x) for x in ks])]).astype(np.int64)
     q_idx, k_idx = np.concatenate(qs), np.concatenate(ks)
@@ -134,11 +167,49 @@ def _spec(qs: list, ks: list, diag: bool, device: torch.device, rows: int) -> Bl
 
     return BlockSpec(up(q_idx, torch.long), up(k_idx, torch.long), up(cu_q, torch.int32), up(cu_k, torch.int32),
                      cu_q.tolist(), cu_k.tolist(), int(np.diff(cu_q).max()), int(np.diff(cu_k).max()), diag,
-                     everything(q_idx), everything(k_idx))
+                     everything(q_idx), everything(k_idx), first, row_runs(q_idx), row_runs(k_idx))
 
 
-def _rows(x: torch.Tensor, idx: torch.Tensor, everything: bool) -> torch.Tensor:
-    return x if everything else x.index_select(0, idx)
+def pack_spec(cu_seqlens: np.ndarray, causal: bool, device: torch.device) -> BlockSpec:
+    """One block holding every (non-empty) sequence of an unpadded pack of ``cu_seqlens[-1]`` rows against itself:
+    the single-call baseline of benchmarks/gpu_ring.py."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    seqs = [np.arange(a, b, dtype=np.int64) for a, b in zip(cu[:-1], cu[1:]) if b > a]
+    return _spec(seqs, seqs, causal, device, int(cu[-1]), first=True)
+
+
+def row_runs(idx: np.ndarray, max_runs: Optional[int] = None) -> Optional[tuple[tuple[int, int], ...]]:
+    """``idx`` (increasing within each run) as ranges ``[lo, hi)`` of consecutive rows, or None when there are more
+    than ``max_runs`` (default ``TUNING.max_runs``) or none."""
+    limit = TUNING.max_runs if max_runs is None else max_runs
+    if idx.size == 0:
+        return None
+    breaks = np.flatnonzero(np.diff(idx) != 1) + 1
+    if len(breaks) + 1 > limit:
+        return None
+    starts = np.concatenate([[0], breaks])
+    ends = np.concatenate([breaks, [idx.size]])
+    return tuple((int(idx[a]), int(idx[b - 1]) + 1) for a, b in zip(starts, ends))
+
+
+def _rows(x: torch.Tensor, idx: torch.Tensor, everything: bool,
+          runs: Optional[tuple[tuple[int, int], ...]] = None) -> torch.Tensor:
+    """Rows ``idx`` of ``x``: ``x`` itself, a view (one run), or a gather."""
+    if everything:
+        return x
+    if runs is not None and len(runs) == 1:
+        return x[runs[0][0]:runs[0][1]]
+    return x.index_select(0, idx)
+
+
+def _add_rows(acc: torch.Tensor, idx: torch.Tensor, everything: bool, runs, grad: torch.Tensor) -> None:
+    """``acc[idx] += grad`` (in place; a slice when ``idx`` is one run)."""
+    if everything:
+        acc.add_(grad)
+    elif runs is not None and len(runs) == 1:
+        acc[runs[0][0]:runs[0][1]].add_(grad)
+    else:
+        acc.index_add_(0, idx, grad)
 
 
 # -- block functions --------------------------------------------------------------------------------------------------
@@ -146,9 +217,11 @@ def _rows(x: torch.Tensor, idx: torch.Tensor, everything: bool) -> torch.Tensor:
 class BlockFunction(Protocol):
     """One ring step's attention over a :class:`BlockSpec` (the FlashAttention varlen contract).
 
-    ``forward(q, k, v, spec, scale) -> (out [nq, H, D], lse [nq, H])``: natural-log LSE, float32 or wider.
-    ``backward(dout, q, k, v, out, lse, spec, scale) -> (dq, dk, dv)``: ``out``/``lse`` are the rows of the final
-    (merged) output and LSE; ``dk``/``dv`` have the kv heads (GQA groups summed)."""
+    ``forward(q, k, v, spec, scale) -> (out [nq, H, D], lse [nq, H])``: natural-log LSE, float32 or wider. A
+    forward may return a third item, state of that call (e.g. FlashAttention's ``rng_state``/``unused``); the loop
+    keeps it and hands it back to the same block's backward as ``state=``.
+    ``backward(dout, q, k, v, out, lse, spec, scale[, state=...]) -> (dq, dk, dv)``: ``out``/``lse`` are the rows of
+    the final (merged) output and LSE; ``dk``/``dv`` have the kv heads (GQA groups summed)."""
 
     name: str
 
@@ -222,10 +295,46 @@ FLASH_DTYPES = (torch.float16, torch.bfloat16)
 FLASH_MAX_HEAD_DIM = 256
 
 
+FLASH_FORWARD_ARGS = ("Tensor", "Tensor", "Tensor", "Optional[Tensor]", "Optional[Tensor]", "int", "int", "float",
+                      "bool", "bool")
+"""Types (as ``str(argument.type)`` prints them: ``Tensor?`` is ``Optional[Tensor]``, ``SymInt`` is ``int``) of the
+positional arguments FlashBlock passes to ``aten::_flash_attention_forward`` (query, key, value, cum_seq_q,
+cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask), then ``scale=`` by keyword."""
+FLASH_BACKWARD_ARGS = ("Tensor",) * 8 + ("int", "int", "float", "bool", "Tensor", "Tensor")
+"""Types of the positional arguments of ``aten::_flash_attention_backward`` (grad_out, query, key, value, out,
+logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, rng_state, unused), then ``scale=``."""
+FLASH_FORWARD_RETURNS = 5
+"""``(output, softmax_logsumexp, rng_state, unused, debug_attn_mask)``."""
+
+
+def flash_schema_problem(forward_schema: Any, backward_schema: Any) -> Optional[str]:
+    """What in these ``torch._C.FunctionSchema`` objects (``torch.ops.aten._flash_attention_forward.default._schema``
+    and the backward's) differs from the calls FlashBlock makes (None when they match): the positional argument
+    types, a keyword-only ``scale`` and the forward's five results (torch 2.11 and 2.13 both match)."""
+    for schema, want, returns in ((forward_schema, FLASH_FORWARD_ARGS, FLASH_FORWARD_RETURNS),
+                                  (backward_schema, FLASH_BACKWARD_ARGS, 3)):
+        positional = tuple(str(a.type) for a in schema.arguments if not a.kwarg_only)
+        keywords = [a.name for a in schema.arguments if a.kwarg_only]
+        if positional != want:
+            return f"{schema.name} takes positional arguments {positional}, dynacp passes {want}"
+        if "scale" not in keywords:
+            return f"{schema.name} has no keyword argument scale (keywords: {keywords})"
+        if len(schema.returns) != returns:
+            return f"{schema.name} returns {len(schema.returns)} values, dynacp expects {returns}"
+    return None
+
+
+def installed_flash_schemas() -> tuple[Any, Any]:
+    """The installed torch's schemas of ``aten::_flash_attention_forward`` and ``aten::_flash_attention_backward``."""
+    return (torch.ops.aten._flash_attention_forward.default._schema,
+            torch.ops.aten._flash_attention_backward.default._schema)
+
+
 class FlashBlock:
     """Block function on the aten FlashAttention-2 varlen kernels (``aten._flash_attention_forward/backward``, the
     kernels behind ``torch.nn.attention.varlen.varlen_attn``): CUDA, float16/bfloat16, head dim a multiple of 8 and
     at most 256, sm80 or newer. GQA is native (kv heads divide q heads). The LSE comes back float32 ``[H, nq]``.
+    The forward's own ``rng_state`` and ``unused`` results go back to its backward (the loop keeps them per block).
 
     Construction checks everything it can and raises RuntimeError naming what is missing; it never falls back."""
 
@@ -235,18 +344,20 @@ class FlashBlock:
         missing = flash_missing(device, dtype, head_dim)
         if missing:
             raise RuntimeError(f"dynacp ring attention: the FlashAttention block function cannot run: {missing}")
-        self._unused = torch.empty(0, device=device)
-        self._rng = torch.zeros(2, dtype=torch.uint64, device=device)
 
     def forward(self, q, k, v, spec, scale):
-        out, lse, _, _, _ = torch.ops.aten._flash_attention_forward(
+        out, lse, rng_state, unused, _ = torch.ops.aten._flash_attention_forward(
             q, k, v, spec.cu_q, spec.cu_k, spec.max_q, spec.max_k, 0.0, spec.causal, False, scale=scale)
-        return out, lse.transpose(0, 1)
+        return out, lse.transpose(0, 1), (rng_state, unused)
 
-    def backward(self, dout, q, k, v, out, lse, spec, scale):
+    def backward(self, dout, q, k, v, out, lse, spec, scale, state=None):
+        if state is None:
+            raise RuntimeError("FlashBlock.backward needs the (rng_state, unused) its forward returned for this "
+                               "block (state=); run the forward first")
+        rng_state, unused = state
         dq, dk, dv = torch.ops.aten._flash_attention_backward(
             dout.contiguous(), q, k, v, out.contiguous(), lse.transpose(0, 1).contiguous().float(), spec.cu_q,
-            spec.cu_k, spec.max_q, spec.max_k, 0.0, spec.causal, self._rng, self._unused, scale=scale)
+            spec.cu_k, spec.max_q, spec.max_k, 0.0, spec.causal, rng_state, unused, scale=scale)
         return dq, dk, dv
 
 
@@ -265,6 +376,9 @@ def flash_missing(device: torch.device, dtype: torch.dtype, head_dim: int) -> Op
         return f"dtype {dtype} is not supported by FlashAttention (float16 or bfloat16); cast q, k, v"
     if head_dim % 8 or head_dim > FLASH_MAX_HEAD_DIM:
         return f"head dim {head_dim} is not supported by FlashAttention (a multiple of 8, at most {FLASH_MAX_HEAD_DIM})"
+    problem = flash_schema_problem(*installed_flash_schemas())
+    if problem:
+        return f"torch {torch.__version__}'s FlashAttention op differs from what dynacp calls: {problem}"
     return None
 
 
@@ -285,157 +399,49 @@ def make_block(block, device: torch.device, dtype: torch.dtype, head_dim: int) -
     return block
 
 
-# -- communication ----------------------------------------------------------------------------------------------------
-
-class _Hop:
-    """One posted hop (a send to the next and a receive from the previous ring member), waited against one deadline
-    on gloo (``timeout`` seconds from the wait); ``timeout=None`` (NCCL) waits stream-ordered, without a host sync."""
-
-    def __init__(self, works, what: str, timeout: Optional[float], rank: int, peers: tuple[int, int]):
-        self.works, self.what, self.timeout, self.rank, self.peers = works, what, timeout, rank, peers
-
-    def wait(self) -> None:
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        for work in self.works:
-            try:
-                if deadline is None:
-                    ok = work.wait()
-                else:
-                    ok = work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 1e-3)))
-            except RuntimeError as e:
-                raise TimeoutError(self._message() + f": {e}") from e
-            if ok is False:
-                raise TimeoutError(self._message())
-
-    def _message(self) -> str:
-        return (f"ring member {self.rank}: {self.what} (send to peer {self.peers[0]}, receive from peer "
-                f"{self.peers[1]}; global ranks) did not complete within {self.timeout:g} s (a neighbour did not "
-                "answer; every ring member must run the same ring with the same cu_seqlens)")
-
-
-class PoolP2P:
-    """Ring-neighbour P2P over one process group (the pool): ``ranks`` are the group ranks of the ring, in ring
-    order. No group per ring: peers are translated to global ranks and messages carry per-kind tags."""
-
-    def __init__(self, group, ranks: Sequence[int], timeout: float, recorder: Optional[Recorder] = None):
-        self.group = group
-        me = dist.get_rank(group)
-        if me not in ranks:
-            raise ValueError(f"group rank {me} is not a member of the ring {list(ranks)}")
-        self.index, self.size = list(ranks).index(me), len(ranks)
-        self.next = dist.get_global_rank(group, ranks[(self.index + 1) % self.size])
-        self.prev = dist.get_global_rank(group, ranks[(self.index - 1) % self.size])
-        gloo = str(dist.get_backend(group)) == "gloo"
-        self.timeout = timeout if gloo else None  # NCCL: stream-ordered wait, the group's watchdog catches hangs
-        self.recorder = recorder
-
-    def post(self, send: torch.Tensor, recv: torch.Tensor, kind: str, hop: int) -> _Hop:
-        tag = 2 * hop + (0 if kind == "kv" else 1)
-        ops = [dist.P2POp(dist.isend, send, self.next, self.group, tag),
-               dist.P2POp(dist.irecv, recv, self.prev, self.group, tag)]
-        works = dist.batch_isend_irecv(ops)
-        if self.recorder:
-            self.recorder(f"post_{kind}", hop)
-        return _Hop(works, f"{kind} hop {hop}", self.timeout, self.index, (self.next, self.prev))
-
-    def wait(self, hop: _Hop, kind: str, index: int) -> None:
-        hop.wait()
-        if self.recorder:
-            self.recorder(f"wait_{kind}", index)
-
-
-class LocalHub:
-    """Mailboxes of an in-process ring whose members are threads of one process (one device): a hop is a device
-    copy. Used to run every member of a CP ring on one GPU (benchmarks/gpu_ring.py, tests/gpu) and in CPU tests."""
-
-    def __init__(self, size: int, timeout: float = 60.0):
-        self.size, self.timeout = size, timeout
-        self._boxes: dict = {}
-        self._cv = threading.Condition()
-
-    def deliver(self, dst: int, key: tuple, tensor: torch.Tensor) -> None:
-        with self._cv:  # FIFO per (destination, kind, hop): a forward's and a backward's hop 1 may both wait
-            self._boxes.setdefault((dst, key), collections.deque()).append(tensor)
-            self._cv.notify_all()
-
-    def take(self, dst: int, key: tuple) -> torch.Tensor:
-        with self._cv:
-            if not self._cv.wait_for(lambda: bool(self._boxes.get((dst, key))), timeout=self.timeout):
-                raise TimeoutError(f"local ring member {dst}: {key[0]} hop {key[1]} did not arrive within "
-                                   f"{self.timeout:g} s")
-            return self._boxes[(dst, key)].popleft()
-
-
-class _LocalHop:
-    def __init__(self, hub: LocalHub, index: int, key: tuple, recv: torch.Tensor):
-        self.hub, self.index, self.key, self.recv = hub, index, key, recv
-
-    def wait(self) -> None:
-        self.recv.copy_(self.hub.take(self.index, self.key))
-
-
-class LocalComm:
-    """The :class:`PoolP2P` interface for member ``index`` of an in-process ring (see :class:`LocalHub`)."""
-
-    def __init__(self, hub: LocalHub, index: int, recorder: Optional[Recorder] = None):
-        self.hub, self.index, self.size, self.recorder = hub, index, hub.size, recorder
-
-    def post(self, send: torch.Tensor, recv: torch.Tensor, kind: str, hop: int) -> _LocalHop:
-        self.hub.deliver((self.index + 1) % self.size, (kind, hop), send.clone())
-        if self.recorder:
-            self.recorder(f"post_{kind}", hop)
-        return _LocalHop(self.hub, self.index, (kind, hop), recv)
-
-    def wait(self, hop: _LocalHop, kind: str, index: int) -> None:
-        hop.wait()
-        if self.recorder:
-            self.recorder(f"wait_{kind}", index)
-
-
-def run_local_ring(size: int, fn: Callable[[LocalComm], object], timeout: float = 60.0) -> list:
-    """Run ``fn(comm)`` for every member of an in-process ring of ``size`` threads; returns the results by member
-    and re-raises the first member's exception."""
-    hub = LocalHub(size, timeout)
-    results: list = [None] * size
-    errors: list = []
-
-    def member(i: int) -> None:
-        try:
-            results[i] = fn(LocalComm(hub, i))
-        except BaseException as e:  # handed to the caller
-            errors.append(e)
-
-    threads = [threading.Thread(target=member, args=(i,), daemon=True) for i in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
-
-
 # -- the loop ---------------------------------------------------------------------------------------------------------
 
-def _merge(out: torch.Tensor, lse: torch.Tensor, idx: torch.Tensor, ob: torch.Tensor, lb: torch.Tensor,
-           everything: bool = False) -> None:
-    """Merge a block's (out, lse) into the accumulators at rows ``idx`` (all rows when ``everything``),
-    overflow-free; -inf blocks are skipped."""
+def merge_block(out: torch.Tensor, lse: torch.Tensor, idx: torch.Tensor, ob: torch.Tensor, lb: torch.Tensor,
+                everything: bool = False, first: bool = False,
+                runs: Optional[tuple[tuple[int, int], ...]] = None) -> None:
+    """Merge a block's (out ``ob`` [n, H, D], lse ``lb`` [n, H]) into the accumulators at rows ``idx`` (all rows,
+    in order, when ``everything``; the row ranges ``runs`` when given, see :func:`row_runs`), in place.
+
+    ``first`` (no earlier block reached these rows): a copy. Otherwise two passes: on ``[n, H]`` the weight
+    ``w = sigmoid(lb - la)`` and the overflow-free ``max(la, lb) + log1p(exp(-|la - lb|))``, then one
+    ``lerp_(ob, w)`` of the ``[n, H, D]`` rows, which is ``o - w (o - ob)``. Rows whose block LSE is -inf keep
+    their values (w = 0); rows not reached yet (la = -inf) take the block's (w = 1). With ``everything`` or
+    ``runs`` the rows are updated through slices; otherwise they are gathered and scattered back."""
+    slices = None
     if everything:
-        o, la = out, lse
-    else:
-        o, la = out.index_select(0, idx), lse.index_select(0, idx)
-    ob, lb = ob.to(out.dtype), lb.to(lse.dtype)
+        slices = [(0, out.shape[0], 0)]
+    elif runs is not None:
+        starts = np.cumsum([0] + [hi - lo for lo, hi in runs])
+        slices = [(lo, hi, int(s0)) for (lo, hi), s0 in zip(runs, starts)]
+    if first:
+        if slices is not None:
+            for lo, hi, s0 in slices:
+                out[lo:hi].copy_(ob[s0:s0 + hi - lo])
+                lse[lo:hi].copy_(lb[s0:s0 + hi - lo])
+        else:
+            out.index_copy_(0, idx, ob.to(out.dtype))
+            lse.index_copy_(0, idx, lb.to(lse.dtype))
+        return
+    la = lse if everything else lse.index_select(0, idx)
+    lb = lb.to(la.dtype)
     skip = lb == float("-inf")
-    new_l = torch.maximum(la, lb) + torch.log1p(torch.exp(-(la - lb).abs()))
-    new_o = o - torch.sigmoid(lb - la).unsqueeze(-1) * (o - ob)
-    new_o, new_l = torch.where(skip.unsqueeze(-1), o, new_o), torch.where(skip, la, new_l)
-    if everything:
-        out.copy_(new_o)
-        lse.copy_(new_l)
-    else:
-        out.index_copy_(0, idx, new_o)
-        lse.index_copy_(0, idx, new_l)
+    w = torch.sigmoid(lb - la).masked_fill_(skip, 0.0).unsqueeze(-1)
+    new_l = torch.where(skip, la, torch.maximum(la, lb) + torch.log1p(torch.exp(-(la - lb).abs())))
+    ob = ob.to(out.dtype)
+    if slices is not None:
+        for lo, hi, s0 in slices:
+            out[lo:hi].lerp_(ob[s0:s0 + hi - lo], w[s0:s0 + hi - lo])
+            lse[lo:hi].copy_(new_l[s0:s0 + hi - lo])
+        return
+    o = out.index_select(0, idx)
+    o.lerp_(ob, w)
+    out.index_copy_(0, idx, o)
+    lse.index_copy_(0, idx, new_l)
 
 
 class RingLoop:
@@ -445,11 +451,22 @@ class RingLoop:
                  scale: float, acc: torch.dtype):
         self.comm, self.specs, self.block, self.scale, self.acc = comm, specs, block, scale, acc
         self.cp = comm.size
+        self.saved: list[list[Any]] = [[None] * len(step) for step in specs]
+        """Per step and block: the state the block's forward returned for its backward (None when none)."""
+
+    def _accumulators(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """out/lse for the forward: uninitialised when the first-reaching blocks write every row, else 0 / -inf
+        (rows no block reaches: padding)."""
+        first_rows = sum(s.q_idx.numel() for step in self.specs for s in step if s.first)
+        if first_rows == q.shape[0]:  # first-reaching blocks cover disjoint rows
+            return (torch.empty(q.shape, dtype=self.acc, device=q.device),
+                    torch.empty(q.shape[:2], dtype=self.acc, device=q.device))
+        return (torch.zeros(q.shape, dtype=self.acc, device=q.device),
+                torch.full(q.shape[:2], float("-inf"), dtype=self.acc, device=q.device))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """out [T, H, D] (accumulation type; 0 on rows that see no key) and lse [T, H] (-inf there)."""
-        out = torch.zeros(q.shape, dtype=self.acc, device=q.device)
-        lse = torch.full(q.shape[:2], float("-inf"), dtype=self.acc, device=q.device)
+        out, lse = self._accumulators(q)
         bufs = [torch.stack([k, v]), None]
         for t in range(self.cp):
             cur = bufs[t % 2]
@@ -457,11 +474,13 @@ class RingLoop:
             if t + 1 < self.cp:  # post hop t+1 before computing block t
                 bufs[(t + 1) % 2] = torch.empty_like(cur) if bufs[(t + 1) % 2] is None else bufs[(t + 1) % 2]
                 hop = self.comm.post(cur, bufs[(t + 1) % 2], "kv", t + 1)
-            for spec in self.specs[t]:
+            for j, spec in enumerate(self.specs[t]):
                 ki = spec.k_idx
-                ob, lb = self.block.forward(_rows(q, spec.q_idx, spec.q_all), _rows(cur[0], ki, spec.k_all),
-                                            _rows(cur[1], ki, spec.k_all), spec, self.scale)
-                _merge(out, lse, spec.q_idx, ob, lb, spec.q_all)
+                res = self.block.forward(_rows(q, spec.q_idx, spec.q_all, spec.q_runs),
+                                         _rows(cur[0], ki, spec.k_all, spec.k_runs),
+                                         _rows(cur[1], ki, spec.k_all, spec.k_runs), spec, self.scale)
+                self.saved[t][j] = res[2] if len(res) > 2 else None
+                merge_block(out, lse, spec.q_idx, res[0], res[1], spec.q_all, spec.first, spec.q_runs)
             if hop is not None:
                 self.comm.wait(hop, "kv", t + 1)
         return out, lse
@@ -479,16 +498,15 @@ class RingLoop:
                 bufs[(t + 1) % 2] = torch.empty_like(cur) if bufs[(t + 1) % 2] is None else bufs[(t + 1) % 2]
                 kv_hop = self.comm.post(cur, bufs[(t + 1) % 2], "kv", t + 1)
             dkv = torch.zeros(cur.shape, dtype=self.acc, device=q.device)
-            for spec in self.specs[t]:
-                qi, ki, qa, ka = spec.q_idx, spec.k_idx, spec.q_all, spec.k_all
-                g = self.block.backward(_rows(dout, qi, qa), _rows(q, qi, qa), _rows(cur[0], ki, ka),
-                                        _rows(cur[1], ki, ka), _rows(out, qi, qa), _rows(lse, qi, qa), spec,
-                                        self.scale)
-                for acc, idx, every, grad in ((dq, qi, qa, g[0]), (dkv[0], ki, ka, g[1]), (dkv[1], ki, ka, g[2])):
-                    if every:
-                        acc.add_(grad.to(self.acc))
-                    else:
-                        acc.index_add_(0, idx, grad.to(self.acc))
+            for j, spec in enumerate(self.specs[t]):
+                qi, ki, qa, ka, qr, kr = spec.q_idx, spec.k_idx, spec.q_all, spec.k_all, spec.q_runs, spec.k_runs
+                state = {} if self.saved[t][j] is None else {"state": self.saved[t][j]}
+                g = self.block.backward(_rows(dout, qi, qa, qr), _rows(q, qi, qa, qr), _rows(cur[0], ki, ka, kr),
+                                        _rows(cur[1], ki, ka, kr), _rows(out, qi, qa, qr), _rows(lse, qi, qa, qr),
+                                        spec, self.scale, **state)
+                for acc, idx, every, runs, grad in ((dq, qi, qa, qr, g[0]), (dkv[0], ki, ka, kr, g[1]),
+                                                    (dkv[1], ki, ka, kr, g[2])):
+                    _add_rows(acc, idx, every, runs, grad.to(self.acc))
             if dkv_hop is not None:  # the dk/dv accumulated so far for the kv held at step t
                 self.comm.wait(dkv_hop, "dkv", t)
                 dkv += dkv_recv[(t - 1) % 2]
