@@ -6,8 +6,12 @@ One vocabulary for every command: short names first, the long names Megatron-LM 
 Groups, and the commands that take them:
 
 * logging, ``-v``/``--verbose`` and ``-q``/``--quiet`` (:func:`logging_parent`): every command;
-* cluster and cost model, ``--ranks --ranks-per-node --tokens-per-rank --cost --pp --vpp --count-policy``, and the
-  dynacp solver, ``--threads --time-limit`` (:func:`add_cluster`): compare, plan, report;
+* cluster and cost model, ``--ranks --ranks-per-node --tokens-per-rank --activation-budget --cost --pp --vpp
+  --count-policy``, and the dynacp solver, ``--threads --time-limit`` (:func:`add_cluster`): compare, plan, report;
+* cost model from a model and a layout, ``--model --layout --cluster --seq-length --mbs`` (:func:`add_layout`):
+  compare, plan, report;
+* token counts (``--tokens-per-rank``, ``--seq-length``, ``--max-tokens``) parse with :func:`token_count` and are
+  checked by :func:`check_units` (a value that looks like bytes names the byte option);
 * lengths, ``--dist --lengths --gbs --offset --shuffle --wrap --seed`` (:func:`add_lengths`): compare, plan, report;
 * strategy, ``--strategy`` or ``--strategies`` (:func:`add_strategy`): plan; compare, report;
 * single options of :data:`OPTIONS` through :func:`add`, e.g. output ``--out`` (plan, report, calibrate) and
@@ -71,8 +75,54 @@ OPTIONS: Dict[str, Option] = {o.name: o for o in [
     Option("--cp", {"dest": "cp"}),
     Option("--lengths", {"metavar": "FILE"}),
     Option("--model", {}),
+    Option("--cluster", {}),
+    Option("--seq-length", {"type": "tokens", "default": None, "metavar": "TOKENS"}),
     Option("--ranks-per-node", {"type": int, "default": 8, "help": "ranks (GPUs) per node (default 8)"}),
 ]}
+
+
+#: A token-count flag given this many tokens or more (2**31 = 2,147,483,648, beyond any rank's or sequence's token
+#: count) is refused as a byte count typed into the wrong flag (:func:`check_units`).
+TOKENS_LOOK_LIKE_BYTES = 2**31
+
+#: Token-count options: dest -> (flag, where a byte count belongs instead). :func:`check_units` reads this.
+TOKEN_FLAGS: Dict[str, tuple] = {
+    "tokens_per_rank": ("--tokens-per-rank", "give a memory size in bytes with --activation-budget BYTES (activation "
+                        "memory of one rank per microbatch)"),
+    "seq_length": ("--seq-length", "GPU memory in bytes is the cluster's gpu_memory (--cluster FILE) and --headroom"),
+    "max_tokens": ("--max-tokens", "it is a token count of one profiled point, not a memory size"),
+}
+
+#: The cluster and cost flags a derived cost model (--model/--layout/--cluster) sets itself, with their defaults.
+PRESET_FLAGS = {"--cost": ("cost", "bytescale-fig6a"), "--ranks": ("ranks", 64), "--ranks-per-node":
+                ("ranks_per_node", 8), "--tokens-per-rank": ("tokens_per_rank", 16384),
+                "--activation-budget": ("activation_budget", None), "--pp": ("pp", 1), "--vpp": ("vpp", 1)}
+
+
+def token_count(text: str) -> int:
+    """argparse type of a token count: a whole number, also written ``16e3`` or ``16_384``. Its size is checked
+    by :func:`check_units` after parsing (so that a byte count gets a message naming the byte option, not usage)."""
+    try:
+        value = float(str(text).replace("_", ""))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of tokens") from e
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens")
+    return int(value)
+
+
+def check_units(args: argparse.Namespace) -> None:
+    """Refuse a token flag of :data:`TOKEN_FLAGS` whose value is below 1 or looks like bytes (>=
+    :data:`TOKENS_LOOK_LIKE_BYTES`); the ValueError names the flag, the value and the byte option."""
+    for dest, (flag, hint) in TOKEN_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1 token, got {value}")
+        if value >= TOKENS_LOOK_LIKE_BYTES:
+            raise ValueError(f"{flag} {value} is a token count, and {value:.3g} tokens looks like a byte count "
+                             f"(token flags refuse {TOKENS_LOOK_LIKE_BYTES:,} or more): {hint}")
 
 
 def add(p: Target, name: str, *, aliases: bool = True, **kwargs: Any) -> argparse.Action:
@@ -81,7 +131,10 @@ def add(p: Target, name: str, *, aliases: bool = True, **kwargs: Any) -> argpars
     Megatron-LM long names (for an option that only shares the short name)."""
     opt = OPTIONS[name]
     names = flags(name) if aliases else [name]
-    return p.add_argument(*names, **{**opt.kwargs, **kwargs})
+    merged = {**opt.kwargs, **kwargs}
+    if merged.get("type") == "tokens":
+        merged["type"] = token_count
+    return p.add_argument(*names, **merged)
 
 
 def command(sub: argparse._SubParsersAction, name: str, parents: Optional[List[argparse.ArgumentParser]],
@@ -110,8 +163,11 @@ def add_cluster(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ranks", type=int, default=64,
                    help="ranks P (GPUs) in the DP x CP pool (default 64)")
     add(g, "--ranks-per-node")
-    g.add_argument("--tokens-per-rank", type=int, default=16384,
+    g.add_argument("--tokens-per-rank", type=token_count, default=16384,
                    help="activation budget: tokens one rank holds per microbatch (default 16384)")
+    g.add_argument("--activation-budget", type=float, default=None, metavar="BYTES",
+                   help="activation budget in bytes instead: memory one rank holds per microbatch (e.g. 40e9); the "
+                   "tokens per rank are then BYTES / the cost model's bytes per token")
     g.add_argument("--cost", default="bytescale-fig6a", help=f"cost preset: {', '.join(_core.preset_names())} "
                    "(default %(default)s; docs/cost_model.md), or a cost preset file written by `dynacp calibrate "
                    "fit` (its measured links set the cluster's; docs/calibration.md)")
@@ -126,6 +182,24 @@ def add_cluster(p: argparse.ArgumentParser) -> None:
     s.add_argument("--time-limit", dest="time_limit", type=float, default=None, metavar="SECONDS",
                    help="stop building dynacp candidates after this many seconds and keep the best plan so far "
                    "(default: no limit)")
+
+
+def add_layout(p: argparse.ArgumentParser) -> None:
+    """``--model M --layout L --cluster C`` (and ``--seq-length``, ``--mbs``): the cost model derived from the
+    planner's per-layer model of a layout instead of a preset (read by ``common.pricing``)."""
+    from dynacp.planner.presets import preset_names
+
+    g = p.add_argument_group("cost model from a model and a layout (instead of --cost; docs/planner.md)")
+    add(g, "--model", help=f"model JSON file or preset ({', '.join(preset_names('model'))}); with --layout and "
+        "--cluster the cost model, pool and activation budget are derived from them (then --cost, --ranks, "
+        "--ranks-per-node, --tokens-per-rank, --activation-budget, --pp and --vpp are not given)")
+    g.add_argument("--layout", metavar="TP4/PP4/CP2",
+                   help="the static layout: TP, PP (PP4x2 = VPP 2), CP, EP, ETP, '/'-separated, absent ones 1; DP is "
+                   "the rest of the cluster. The pool is DP x CP ranks, each a TP x PP slice")
+    add(g, "--cluster", help=f"cluster JSON file or preset ({', '.join(preset_names('cluster'))})")
+    add(g, "--seq-length", help="tokens per pack (default: the longest length --lengths or --dist can give, rounded "
+        "up to a multiple of 1024; a shorter value is an error)")
+    add(g, "--mbs", default=None, help="packs per micro-batch (default 1)")
 
 
 def add_lengths(p: argparse.ArgumentParser, gbs_help: str = "sequences per global batch (default 512)") -> None:

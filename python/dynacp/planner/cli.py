@@ -30,12 +30,14 @@ def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) 
         "ranks the feasible layouts and gives a one-line reason for each rejected one. With --lengths, each feasible "
         "layout is also planned by the per-batch scheduler (static packing vs dynamic CP).")
     options.add(p, "--model", required=True, help=f"model JSON file or preset ({', '.join(preset_names('model'))})")
-    p.add_argument("--cluster", required=True,
-                   help=f"cluster JSON file or preset ({', '.join(preset_names('cluster'))})")
+    options.add(p, "--cluster", required=True,
+                help=f"cluster JSON file or preset ({', '.join(preset_names('cluster'))})")
     g = p.add_argument_group("batch")
     options.add(g, "--gbs", default=256, help="sequences (or packs) per optimizer step (default 256)")
     options.add(g, "--mbs", default=1, help="sequences per micro-batch (default 1)")
-    g.add_argument("--seq-length", type=int, default=4096, help="tokens per sequence or pack (default 4096)")
+    options.add(g, "--seq-length", help="tokens per sequence or pack (default 4096; with --lengths the longest length "
+                "it can give, rounded up to a multiple of 1024: a file's longest entry, an embedded distribution's "
+                "context window; a value shorter than that is an error, nothing is clipped)")
     options.add(g, "--lengths", metavar="FILE|DIST",
                 help="length distribution: a file (one integer per line, or .npy) or an embedded distribution")
     o = p.add_argument_group("training options")
@@ -120,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--recompute-modules applies to --recompute selective or none; full recompute already "
                          "keeps only each layer's input")
     options.update(recompute_module_options(modules))
-    batch = {"global_batch": args.gbs, "seq_length": args.seq_length, "micro_batch": args.mbs}
+    batch = {"global_batch": args.gbs, "micro_batch": args.mbs}
+    if args.seq_length is not None:
+        batch["seq_length"] = args.seq_length
     table = configs(args.model, args.cluster, batch, options, lengths=args.lengths,
                     progress=not args.json and not getattr(args, "quiet", False) and sys.stderr.isatty())
     table = _only(table, args)
