@@ -156,11 +156,11 @@ def _parsers() -> dict:
 
 
 #: Flags added since 67c0210 (issue 37: the cost model from a model and a layout, the activation budget in bytes).
-FLAGS_ADDED = {
-    "compare": "--activation-budget --cluster --layout --mbs --micro-batch --micro-batch-size --model --seq-length",
-    "plan": "--activation-budget --cluster --layout --mbs --micro-batch --micro-batch-size --model --seq-length",
-    "report": "--activation-budget --cluster --layout --mbs --micro-batch --micro-batch-size --model --seq-length",
-}
+_LAYOUT_FLAGS = ("--activation-budget --cluster --layout --mbs --micro-batch --micro-batch-size --model --seq-length "
+                 # the training options of dynacp configs, which price the layout
+                 "--allow-uneven-pp --chunked-ce --ep-in-node --fp8 --grad-dtype --headroom --mfu --no-dp-overlap "
+                 "--no-ep-overlap --no-pp-overlap --optimizer --recompute --recompute-modules")
+FLAGS_ADDED = {"compare": _LAYOUT_FLAGS, "plan": _LAYOUT_FLAGS, "report": _LAYOUT_FLAGS}
 
 
 def test_every_command_keeps_every_flag_it_had() -> None:

@@ -200,3 +200,21 @@ def test_idle_is_judged_on_the_busiest_strategy() -> None:
     assert not warn_idle({"a": [9], "b": [2]}, 10)
     assert warn_idle({"a": [9], "b": [6]}, 10)
     assert not warn_idle({"a": [5]}, 10)  # exactly half idle: not "most"
+
+
+def test_training_options_price_both_commands_alike(tmp_path, capsys) -> None:
+    table = pl.configs("llama3-8b", "h100-64", {"global_batch": 64}, lengths="examples/lengths.txt",
+                       sample_batches=1, predict_top=0, cp_sizes=(4,), recompute="full", fp8=True)
+    (row,) = [r for r in table.find(tp=2, pp=1, cp=4) if r.feasible]
+    f = tmp_path / "batch.txt"
+    f.write_text("\n".join(map(str, table.sampled[0])))
+    argv = ["compare", "--model", "llama3-8b", "--layout", "TP2/CP4", "--cluster", "h100-64", "--lengths", str(f),
+            "--gbs", str(table.sampled[0].size), "--batches", "1", "--seq-length", str(table.batch.seq_length),
+            "--strategies", "packing,dynacp", "--json"]
+    res = _json(capsys, argv + ["--recompute", "full", "--fp8"])
+    assert res["strategies"]["dynacp"]["speedup_vs_packing"] == pytest.approx(row.scheduled["speedup"], rel=0.01)
+    assert res["strategies"]["dynacp"]["step_time_ms"] / 1e3 == pytest.approx(row.scheduled["dynamic"], rel=0.01)
+    plain = _json(capsys, argv)  # without the options the layout is priced differently
+    assert plain["strategies"]["dynacp"]["step_time_ms"] != res["strategies"]["dynacp"]["step_time_ms"]
+    assert main(["compare", "--batches", "1", "--gbs", "64", "--fp8"]) == 2
+    assert "give them with --model, --layout and --cluster" in capsys.readouterr().err

@@ -85,6 +85,9 @@ def pricing(args: argparse.Namespace, batches: Batches) -> Pricing:
     preset's own flags) for ``batches``, else the ``--cost`` preset or file with the pool flags."""
     given = {f: getattr(args, f.lstrip("-"), None) for f in ("--model", "--layout", "--cluster")}
     if not any(given.values()):
+        if hasattr(args, "recompute") and options.training_options(args) != options.training_defaults():
+            raise ValueError("the training options (--optimizer, --recompute, --fp8, ...) price a layout: give them "
+                             "with --model, --layout and --cluster")
         cluster, cost = cluster_and_cost(args)
         if args.cost in _core.preset_names():
             return Pricing(cluster, cost, "preset", f"cost: preset {args.cost} (quick look, not your hardware; "
@@ -105,7 +108,7 @@ def pricing(args: argparse.Namespace, batches: Batches) -> Pricing:
     seq = lcm.resolve_seq_length(lcm.longest_length(spec), args.seq_length, "--seq-length",
                                  f"--lengths {spec}" if args.lengths else f"--dist {spec}")
     lc = lcm.layout_cost(args.model, args.layout, args.cluster, [b.lengths for b in batches.batches],
-                         seq_length=seq, micro_batch=args.mbs or 1)
+                         seq_length=seq, micro_batch=args.mbs or 1, options=options.training_options(args))
     return Pricing(lc.cluster, lc.cost, "derived", f"cost: {lc.label} (step = scheduler step x {lc.stretch:.3f} "
                    f"pipeline stretch + {lc.dp_seconds * 1e3:.1f} ms DP; {lc.cluster.num_ranks} pool ranks)", lc)
 

@@ -8,8 +8,9 @@ Groups, and the commands that take them:
 * logging, ``-v``/``--verbose`` and ``-q``/``--quiet`` (:func:`logging_parent`): every command;
 * cluster and cost model, ``--ranks --ranks-per-node --tokens-per-rank --activation-budget --cost --pp --vpp
   --count-policy``, and the dynacp solver, ``--threads --time-limit`` (:func:`add_cluster`): compare, plan, report;
-* cost model from a model and a layout, ``--model --layout --cluster --seq-length --mbs`` (:func:`add_layout`):
-  compare, plan, report;
+* cost model from a model and a layout, ``--model --layout --cluster --seq-length --mbs`` and the training
+  options ``--optimizer --recompute --fp8 ...`` (:func:`add_layout`, :func:`add_training`): compare, plan, report;
+  the training options also configs;
 * token counts (``--tokens-per-rank``, ``--seq-length``, ``--max-tokens``) parse with :func:`token_count` and are
   checked by :func:`check_units` (a value that looks like bytes names the byte option);
 * lengths, ``--dist --lengths --gbs --offset --shuffle --wrap --seed`` (:func:`add_lengths`): compare, plan, report;
@@ -94,9 +95,11 @@ TOKEN_FLAGS: Dict[str, tuple] = {
 }
 
 #: The cluster and cost flags a derived cost model (--model/--layout/--cluster) sets itself, with their defaults.
-PRESET_FLAGS = {"--cost": ("cost", "bytescale-fig6a"), "--ranks": ("ranks", 64), "--ranks-per-node":
-                ("ranks_per_node", 8), "--tokens-per-rank": ("tokens_per_rank", 16384),
-                "--activation-budget": ("activation_budget", None), "--pp": ("pp", 1), "--vpp": ("vpp", 1)}
+#: (:func:`add_cluster` takes its defaults from here.)
+PRESET_FLAGS = {"--cost": ("cost", "bytescale-fig6a"), "--ranks": ("ranks", 64),
+                "--ranks-per-node": ("ranks_per_node", OPTIONS["--ranks-per-node"].kwargs["default"]),
+                "--tokens-per-rank": ("tokens_per_rank", 16384), "--activation-budget": ("activation_budget", None),
+                "--pp": ("pp", 1), "--vpp": ("vpp", 1)}
 
 
 def token_count(text: str) -> int:
@@ -160,19 +163,21 @@ def add_cluster(p: argparse.ArgumentParser) -> None:
     """The cluster, cost-model and dynacp-solver options (read back by ``common.cluster_and_cost`` and
     ``common.solver_kwargs``)."""
     g = p.add_argument_group("cluster and cost model")
-    g.add_argument("--ranks", type=int, default=64,
-                   help="ranks P (GPUs) in the DP x CP pool (default 64)")
+    g.add_argument("--ranks", type=int, default=PRESET_FLAGS["--ranks"][1],
+                   help="ranks P (GPUs) in the DP x CP pool (default %(default)s)")
     add(g, "--ranks-per-node")
-    g.add_argument("--tokens-per-rank", type=token_count, default=16384,
-                   help="activation budget: tokens one rank holds per microbatch (default 16384)")
-    g.add_argument("--activation-budget", type=float, default=None, metavar="BYTES",
+    g.add_argument("--tokens-per-rank", type=token_count, default=PRESET_FLAGS["--tokens-per-rank"][1],
+                   help="activation budget: tokens one rank holds per microbatch (default %(default)s)")
+    g.add_argument("--activation-budget", type=float, default=PRESET_FLAGS["--activation-budget"][1], metavar="BYTES",
                    help="activation budget in bytes instead: memory one rank holds per microbatch (e.g. 40e9); the "
                    "tokens per rank are then BYTES / the cost model's bytes per token")
-    g.add_argument("--cost", default="bytescale-fig6a", help=f"cost preset: {', '.join(_core.preset_names())} "
+    g.add_argument("--cost", default=PRESET_FLAGS["--cost"][1], help=f"cost preset: {', '.join(_core.preset_names())} "
                    "(default %(default)s; docs/cost_model.md), or a cost preset file written by `dynacp calibrate "
                    "fit` (its measured links set the cluster's; docs/calibration.md)")
-    add(g, "--pp", type=int, default=1, help="pipeline stages per rank of the pool (default 1 = no pipeline)")
-    add(g, "--vpp", type=int, default=1, help="virtual (interleaved) stages per pipeline stage (default 1)")
+    add(g, "--pp", type=int, default=PRESET_FLAGS["--pp"][1],
+        help="pipeline stages per rank of the pool (default %(default)s = no pipeline)")
+    add(g, "--vpp", type=int, default=PRESET_FLAGS["--vpp"][1],
+        help="virtual (interleaved) stages per pipeline stage (default %(default)s)")
     g.add_argument("--count-policy", choices=["equal", "variable"], default="variable",
                    help="microbatch counts per rank when pp > 1: equal, or variable per rank (default variable)")
     s = p.add_argument_group("dynacp solver")
@@ -200,6 +205,64 @@ def add_layout(p: argparse.ArgumentParser) -> None:
     add(g, "--seq-length", help="tokens per pack (default: the longest length --lengths or --dist can give, rounded "
         "up to a multiple of 1024; a shorter value is an error)")
     add(g, "--mbs", default=None, help="packs per micro-batch (default 1)")
+    add_training(p.add_argument_group("training options of the layout (with --model; as in `dynacp configs`)"))
+
+
+def add_training(g: Target) -> None:
+    """The training options that price a layout (``dynacp configs``; ``compare``, ``plan``, ``report`` with
+    ``--model``), read back by :func:`training_options`."""
+    from dynacp.planner.model import OPTIMIZERS, RECOMPUTE, RECOMPUTE_MODULES, PlannerOptions
+
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default="distributed",
+                   help="data-parallel sharding of the model states: distributed (Megatron's distributed optimizer, "
+                        "= zero1: optimizer states), zero2 (also the gradients, reduce-scattered every micro-batch; "
+                        "FSDP without resharding after forward, as Llama 3), zero3 (also the weights; FSDP full "
+                        "shard), zero0 (plain DDP). Default distributed")
+    g.add_argument("--grad-dtype", choices=["fp32", "bf16"], default="fp32", help="main gradients (default fp32)")
+    g.add_argument("--recompute", choices=RECOMPUTE, default="selective", help="default selective")
+    g.add_argument("--recompute-modules", nargs="+", default=[], metavar="MODULE",
+                   help="also recompute these parts of each layer, Megatron-LM's names (space- or comma-separated): "
+                        f"{', '.join(RECOMPUTE_MODULES)}; mlp_act is the dense MLPs' activation function (not a "
+                        "Megatron-Core module). Not with --recompute full")
+    g.add_argument("--chunked-ce", action="store_true", help="fused/chunked cross-entropy")
+    g.add_argument("--allow-uneven-pp", action="store_true", help="accept PP not dividing the layers")
+    g.add_argument("--headroom", type=float, default=PlannerOptions.memory_headroom,
+                   help=f"usable fraction of GPU memory (0..1, default {PlannerOptions.memory_headroom})")
+    g.add_argument("--mfu", type=float, default=None,
+                   help="price all FLOPs at this fraction of peak (0..1; default: the efficiency model)")
+    g.add_argument("--fp8", action="store_true", help="FP8 GEMMs (faster GEMMs, 1 B/param FP8 weight copy)")
+    g.add_argument("--no-dp-overlap", action="store_true",
+                   help="count the DP reduce-scatter / all-gather as fully exposed (default: overlapped)")
+    g.add_argument("--no-pp-overlap", action="store_true",
+                   help="count interleaved pipeline sends as exposed (default: hidden behind the next chunk)")
+    g.add_argument("--no-ep-overlap", action="store_true",
+                   help="count the EP all-to-alls as fully exposed (default: a share hidden by EP comm overlap)")
+    g.add_argument("--ep-in-node", action="store_true", help="keep ETP x EP groups inside a node")
+
+
+def training_options(args: argparse.Namespace) -> Dict[str, Any]:
+    """The :class:`dynacp.planner.PlannerOptions` fields of the :func:`add_training` flags (ValueError for
+    ``--recompute-modules`` with ``--recompute full``)."""
+    from dynacp.planner.model import recompute_module_options
+
+    out = {"optimizer": args.optimizer, "grad_dtype": args.grad_dtype, "recompute": args.recompute,
+           "chunked_ce": args.chunked_ce, "allow_uneven_pp": args.allow_uneven_pp, "memory_headroom": args.headroom,
+           "mfu": args.mfu, "fp8": args.fp8, "dp_overlap": not args.no_dp_overlap,
+           "pp_comm_overlap": not args.no_pp_overlap, "ep_comm_overlap": not args.no_ep_overlap,
+           "ep_in_node": args.ep_in_node}
+    modules = [n for item in args.recompute_modules for n in item.split(",") if n]
+    if modules and args.recompute == "full":
+        raise ValueError("--recompute-modules applies to --recompute selective or none; full recompute already "
+                         "keeps only each layer's input")
+    out.update(recompute_module_options(modules))
+    return out
+
+
+def training_defaults() -> Dict[str, Any]:
+    """:func:`training_options` of no flags (what a command without ``--model`` must leave them at)."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_training(p)
+    return training_options(p.parse_args([]))
 
 
 def add_lengths(p: argparse.ArgumentParser, gbs_help: str = "sequences per global batch (default 512)") -> None:
