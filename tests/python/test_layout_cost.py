@@ -185,7 +185,7 @@ def test_a_pool_larger_than_the_batch_warns_with_the_numbers(caplog, capsys) -> 
                      "--json"]) == 0
     text = caplog.text
     assert "the pool has 2048 ranks but a batch holds 64 sequences: 1984 more ranks than sequences" in text
-    assert "most of the pool is idle: on batch 0 even" in text and "of 2048 ranks" in text
+    assert "most of the pool is idle: on batch 0 the fastest plan (dynacp) leaves" in text and "of 2048 ranks" in text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="dynacp"):
         assert main(["compare", "--ranks", "16", "--gbs", "256", "--batches", "1", "--strategies", "fcp",
@@ -193,13 +193,14 @@ def test_a_pool_larger_than_the_batch_warns_with_the_numbers(caplog, capsys) -> 
     assert "idle" not in caplog.text and "more ranks than sequences" not in caplog.text
 
 
-def test_idle_is_judged_on_the_busiest_strategy() -> None:
+def test_idle_is_judged_on_the_fastest_plan() -> None:
     from dynacp.commands.common import warn_idle
 
-    # one strategy leaving 9 of 10 ranks idle is not a pool problem when another uses them
-    assert not warn_idle({"a": [9], "b": [2]}, 10)
-    assert warn_idle({"a": [9], "b": [6]}, 10)
-    assert not warn_idle({"a": [5]}, 10)  # exactly half idle: not "most"
+    # a slow strategy spreading over every rank does not hide that the fastest plan needs few of them
+    assert warn_idle({"slow": [(7.5, 0)], "fast": [(0.15, 900)]}, 1000)
+    assert not warn_idle({"slow": [(7.5, 900)], "fast": [(0.15, 100)]}, 1000)
+    assert not warn_idle({"a": [(1.0, 5)]}, 10)  # exactly half idle: not "most"
+    assert warn_idle({"a": [(1.0, 0), (1.0, 6)]}, 10)  # any batch
 
 
 def test_training_options_price_both_commands_alike(tmp_path, capsys) -> None:

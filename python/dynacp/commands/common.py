@@ -126,8 +126,8 @@ def check_pool(cluster: _core.Cluster, sequences: int) -> None:
                        cluster.num_ranks, sequences, cluster.num_ranks - sequences)
 
 
-#: A pool where even the plan that uses the most ranks leaves more than this share of them without work is warned
-#: about (:func:`warn_idle`).
+#: A pool where the fastest plan of a batch leaves more than this share of the ranks without work is warned about
+#: (:func:`warn_idle`): even the best schedule has no use for them.
 IDLE_SHARE = 0.5
 
 
@@ -136,17 +136,18 @@ def idle_ranks(busy: Any) -> int:
     return int(np.sum(np.asarray(busy) <= 0.0))
 
 
-def warn_idle(idle: Dict[str, List[int]], ranks: int) -> bool:
-    """Warn once (``dynacp`` logger) when on some batch every strategy of ``idle`` (name -> idle ranks per batch)
-    leaves more than :data:`IDLE_SHARE` of the ``ranks`` without work; True if it did."""
-    for b in range(max((len(v) for v in idle.values()), default=0)):
-        counts = {n: v[b] for n, v in idle.items() if b < len(v)}
-        name = min(counts, key=lambda n: (counts[n], n))
-        if counts[name] > IDLE_SHARE * ranks:
-            logger.warning("most of the pool is idle: on batch %d even %s leaves %d of %d ranks (%.0f %%, more than "
-                           "%.0f %%) without work; the pool is larger than the batch needs: use fewer --ranks or a "
-                           "larger --gbs", b, name, counts[name], ranks, 100.0 * counts[name] / ranks,
-                           100 * IDLE_SHARE)
+def warn_idle(plans: Dict[str, List[tuple]], ranks: int) -> bool:
+    """Warn once (``dynacp`` logger) when on some batch the fastest plan (``plans``: strategy -> per batch
+    ``(predicted step seconds, idle ranks)``; ties by name) leaves more than :data:`IDLE_SHARE` of the ``ranks``
+    without work; True if it did."""
+    for b in range(max((len(v) for v in plans.values()), default=0)):
+        at = {n: v[b] for n, v in plans.items() if b < len(v)}
+        name = min(at, key=lambda n: (at[n][0], n))
+        idle = at[name][1]
+        if idle > IDLE_SHARE * ranks:
+            logger.warning("most of the pool is idle: on batch %d the fastest plan (%s) leaves %d of %d ranks (%.0f %%, "
+                           "more than %.0f %%) without work; the pool is larger than the batch needs: use fewer "
+                           "--ranks or a larger --gbs", b, name, idle, ranks, 100.0 * idle / ranks, 100 * IDLE_SHARE)
             return True
     return False
 

@@ -104,7 +104,7 @@ def _finite(x: float) -> Optional[float]:
 def _plan_all(args: argparse.Namespace, names: List[str], batches: common.Batches, price: common.Pricing) -> tuple:
     """Plans every batch with every strategy: (per-strategy lists of per-batch metrics, batch 0's plans, errors).
     A strategy that fails on a batch is not run on the later ones. Step times and bounds are ``price.step`` of the
-    scheduler's (the layout's with a derived cost model); a pool most of which every strategy leaves idle is warned
+    scheduler's (the layout's with a derived cost model); a pool most of which the fastest plan leaves idle is warned
     about (common.warn_idle)."""
     cluster, cost = price.cluster, price.cost
     pp, vpp = (price.layout.pp, price.layout.vpp) if price.layout is not None else (args.pp, args.vpp)
@@ -144,7 +144,7 @@ def _plan_all(args: argparse.Namespace, names: List[str], batches: common.Batche
                          ("mb", float(len(p.microbatches)))]:
             r.setdefault(key, []).append(val)
         r.setdefault("families", []).append(p.family)
-        r.setdefault("idle", []).append(common.idle_ranks(per_rank))
+        r.setdefault("idle", []).append((pr.step_time, common.idle_ranks(per_rank)))
     if invalid and len(errors) == len(names):
         raise invalid[0]  # every strategy rejected the input: report it as the input error it is
     common.warn_idle({n: rows[n].pop("idle") for n in names if "idle" in rows[n]}, cluster.num_ranks)

@@ -45,7 +45,8 @@ def plan_document(args: argparse.Namespace) -> Dict[str, Any]:
     common.check_pool(cluster, int(batch.lengths.size))
     p = make_plan(batch.lengths, cluster, cost, args.strategy, pp=pp, vpp=vpp,
                   count_policy=args.count_policy, **common.solver_kwargs(args))
-    common.warn_idle({args.strategy: [common.idle_ranks(p.predicted.per_rank_time)]}, cluster.num_ranks)
+    common.warn_idle({args.strategy: [(p.predicted.step_time, common.idle_ranks(p.predicted.per_rank_time))]},
+                     cluster.num_ranks)
     doc = p.to_dict()
     source = dict(batches.source)
     if batch.entries is not None:
