@@ -34,6 +34,7 @@ from dynacp.api import lower_bound, plan, predict  # noqa: E402
 from dynacp.balance import balance, balance_lower_bound  # noqa: E402
 from dynacp.calibrate.fileformat import load_cost as _load_cost  # noqa: E402
 from dynacp.planner import configs  # noqa: E402
+from dynacp.planner.layout_cost import LayoutCost, layout_cost  # noqa: E402
 
 # dynacp.CostModel.load(path): a cost preset file written by `dynacp calibrate fit` (docs/calibration.md)
 CostModel.load = staticmethod(_load_cost)  # type: ignore[attr-defined]
@@ -46,6 +47,7 @@ __all__ = [
     "CountPolicy",
     "DynacpTuning",
     "Group",
+    "LayoutCost",
     "LocalSearchTuning",
     "Mask",
     "Plan",
@@ -55,6 +57,7 @@ __all__ = [
     "balance_lower_bound",
     "configs",
     "dynacp_families",
+    "layout_cost",
     "lower_bound",
     "plan",
     "predict",

@@ -66,6 +66,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     log.configure(verbosity)
     logging.getLogger(log.LOGGER_NAME).debug("%s; command line: %s", version_text(), argv if argv else sys.argv[1:])
     try:
+        options.check_units(args)  # a byte count in a token flag: a message naming the byte option, not usage
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as e:
         print(f"dynacp {args.command}: error: {e}", file=sys.stderr)

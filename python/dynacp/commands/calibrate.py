@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) 
                 "name or a model JSON file (layers, hidden, heads, KV heads, head dim, FFN width)")
     pr.add_argument("--world-size", type=int, default=2, help="processes (ranks) to spawn (default 2)")
     options.add(pr, "--ranks-per-node", default=None, help="ranks per node (default: all on one node)")
-    pr.add_argument("--max-tokens", type=int, default=None,
+    pr.add_argument("--max-tokens", type=options.token_count, default=None,
                     help="longest pack in tokens (default 1024 on CPU, 32768 on CUDA)")
     pr.add_argument("--repeats", type=int, default=5, help="timed runs per point (default 5)")
     pr.add_argument("--warmup", type=int, default=1, help="untimed runs per point (default 1)")

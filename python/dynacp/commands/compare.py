@@ -24,9 +24,9 @@ PEERS = ["megatron-core"]
 # report are all generated from this one list.
 COLUMNS = [
     ("step ms", "step_time_ms", "predicted time of one training step (one global batch) in milliseconds, mean over "
-     "the batches"),
-    ("speedup", "speedup_vs_packing", "packing's step time / this strategy's (x), mean of the per-batch ratios; "
-     "n/a when packing was not run or failed"),
+     "the batches; with --model/--layout/--cluster the layout's: scheduler step x pipeline stretch + DP time"),
+    ("speedup", "speedup_vs_packing", "packing's step time / this strategy's (x), mean of the per-batch ratios "
+     "(the speed-up `dynacp configs --lengths` reports for dynamic vs static); n/a when packing was not run or failed"),
     ("gap to LB", "gap_to_lower_bound", "step time / lower bound - 1 (%), mean of the per-batch ratios; no plan "
      "can have a negative gap"),
     ("max/mean", "max_over_mean_rank_time", "busiest rank's busy time / the mean rank's (x; 1 = perfect balance), "
@@ -68,6 +68,7 @@ def add_comparison_options(p: argparse.ArgumentParser, peers: bool) -> None:
     options.add(p, "--batches")
     options.add_strategy(p, many=True, peers=peers)
     options.add_cluster(p)
+    options.add_layout(p)
 
 
 def add_output_args(p: argparse.ArgumentParser) -> None:
@@ -100,10 +101,13 @@ def _finite(x: float) -> Optional[float]:
     return x if math.isfinite(x) else None
 
 
-def _plan_all(args: argparse.Namespace, names: List[str], batches: common.Batches, cluster: _core.Cluster,
-              cost: _core.CostModel) -> tuple:
+def _plan_all(args: argparse.Namespace, names: List[str], batches: common.Batches, price: common.Pricing) -> tuple:
     """Plans every batch with every strategy: (per-strategy lists of per-batch metrics, batch 0's plans, errors).
-    A strategy that fails on a batch is not run on the later ones."""
+    A strategy that fails on a batch is not run on the later ones. Step times and bounds are ``price.step`` of the
+    scheduler's (the layout's with a derived cost model); a pool most of which the fastest plan leaves idle is warned
+    about (common.warn_idle)."""
+    cluster, cost = price.cluster, price.cost
+    pp, vpp = (price.layout.pp, price.layout.vpp) if price.layout is not None else (args.pp, args.vpp)
     rows: Dict[str, Dict[str, List[float]]] = {n: {} for n in names}
     first_plans: Dict[str, _core.Plan] = {}
     errors: Dict[str, str] = {}
@@ -118,7 +122,7 @@ def _plan_all(args: argparse.Namespace, names: List[str], batches: common.Batche
                 from dynacp.integration.megatron_core import PEER_STRATEGIES
 
                 planner, extra = PEER_STRATEGIES[name], {}
-            p = planner(batches.batches[b].lengths, cluster, cost, name, pp=args.pp, vpp=args.vpp,
+            p = planner(batches.batches[b].lengths, cluster, cost, name, pp=pp, vpp=vpp,
                         count_policy=args.count_policy, **extra)
         except (RuntimeError, ValueError) as e:
             # RuntimeError: e.g. a pipelined plan that would deadlock under 1F1B; ValueError: e.g. an anchor whose
@@ -132,25 +136,31 @@ def _plan_all(args: argparse.Namespace, names: List[str], batches: common.Batche
         pr = p.predicted
         per_rank = np.asarray(pr.per_rank_time)
         r = rows[name]
-        for key, val in [("step", pr.step_time), ("lb", pr.lower_bound), ("gap", pr.gap),
+        step, lb = price.step(pr.step_time), price.step(pr.lower_bound)
+        gap = pr.gap if price.layout is None else step / lb - 1
+        for key, val in [("step", step), ("lb", lb), ("gap", gap),
                          ("balance", per_rank.max() / per_rank.mean() if per_rank.mean() > 0 else 1.0),
                          ("peak", float(pr.peak_tokens_per_rank)), ("solve", p.solve_ms),
                          ("mb", float(len(p.microbatches)))]:
             r.setdefault(key, []).append(val)
         r.setdefault("families", []).append(p.family)
+        r.setdefault("idle", []).append((pr.step_time, common.idle_ranks(per_rank)))
     if invalid and len(errors) == len(names):
         raise invalid[0]  # every strategy rejected the input: report it as the input error it is
+    common.warn_idle({n: rows[n].pop("idle") for n in names if "idle" in rows[n]}, cluster.num_ranks)
     return rows, first_plans, errors
 
 
 def run_comparison(args: argparse.Namespace) -> Comparison:
     """Plans every batch with every strategy; ``result`` has times in milliseconds (keys say so), null for a
     number that does not exist (e.g. the speed-up over a packing that failed)."""
-    cluster, cost = common.cluster_and_cost(args)
     # Python-side peers (`megatron-core`, the released Megatron-Core scheduler) run only when named
     names = common.split_names(args.strategies, _core.strategy_names() + (PEERS if args.strategies else []))
     batches = common.load(args, args.batches, args.gbs if args.gbs is not None else 512)
-    rows, first_plans, errors = _plan_all(args, names, batches, cluster, cost)
+    price = common.pricing(args, batches)
+    cluster, cost = price.cluster, price.cost
+    common.check_pool(cluster, int(batches.batches[0].lengths.size))
+    rows, first_plans, errors = _plan_all(args, names, batches, price)
     base = np.asarray(rows["packing"]["step"]) if "packing" in rows and "packing" not in errors else None
     out: Dict[str, Dict[str, Any]] = {}
     for name in names:
@@ -174,7 +184,7 @@ def run_comparison(args: argparse.Namespace) -> Comparison:
         }
     lbs = [r["lower_bound_ms"] for r in out.values() if r.get("lower_bound_ms") is not None]
     result = {
-        "metadata": common.run_metadata(args, batches, cluster, cost),
+        "metadata": common.run_metadata(args, batches, price),
         "columns": {key: text for _, key, text in COLUMNS} | {
             "lower_bound_ms": "no plan of the batch can be faster (milliseconds, predicted), mean over the batches",
             "error": "null, or why the strategy failed (then every number is null)",
@@ -186,7 +196,8 @@ def run_comparison(args: argparse.Namespace) -> Comparison:
     if args.plot:
         from dynacp.plots import gantt, settings_title
 
-        gantt(first_plans, batches.batches[0].lengths, cluster, cost, args.plot, pp=args.pp, vpp=args.vpp,
+        gantt(first_plans, batches.batches[0].lengths, cluster, cost, args.plot, pp=result["metadata"]["pp"],
+              vpp=result["metadata"]["vpp"],
               title=settings_title(result["metadata"], batch=0), shared_time=not args.per_panel_time)
     if args.hist:
         from dynacp.plots import histogram
@@ -202,8 +213,8 @@ def format_table(result: Dict[str, Any], describe: str) -> str:
     cl = m["cluster"]
     lines = [
         f"dynacp compare: {m['batches']} batches x {m['sequences_per_batch']} sequences from {describe}; "
-        f"P={cl['ranks']} ({cl['ranks_per_node']}/node), {cl['tokens_per_rank']} tokens/rank, cost={m['cost_preset']}, "
-        f"pp={m['pp']}, vpp={m['vpp']}",
+        f"P={cl['ranks']} ({cl['ranks_per_node']}/node), {cl['tokens_per_rank']} tokens/rank, pp={m['pp']}, "
+        f"vpp={m['vpp']}; {m['cost']['label']}",
     ]
     w = max([10] + [len(n) for n in result["strategies"]])  # 10 unless a longer name (megatron-core) is shown
     hdr = (f"{'strategy':<{w}} {'step ms':>10} {'speedup':>8} {'gap to LB':>9} {'max/mean':>9} "
@@ -220,8 +231,8 @@ def format_table(result: Dict[str, Any], describe: str) -> str:
             f"{r['median_solve_ms']:>9.3f}")
     lb = result["lower_bound_ms"]
     lines.append(f"lower bound (mean over batches): {'n/a' if lb is None else f'{lb:.1f} ms'}; speed-up and gap are "
-                 "means of per-batch ratios; times predicted by the cost model, solve ms measured (dynacp compare -h "
-                 "explains every column)")
+                 f"means of per-batch ratios; predicted: {m['predicted']}; measured: {m['measured']} (dynacp compare "
+                 "-h explains every column)")
     packing = result["strategies"].get("packing")
     if packing is None or packing["error"] is not None:
         lines.append(f"speedup n/a: it is relative to packing, which {'was not run' if packing is None else 'failed'}")

@@ -21,12 +21,12 @@ def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) 
     options.add_strategy(p, many=False)
     options.add(p, "--out", help="write the plan JSON here (default: stdout)")
     options.add_cluster(p)
+    options.add_layout(p)
     p.set_defaults(func=run)
 
 
 def plan_document(args: argparse.Namespace) -> Dict[str, Any]:
     """The JSON ``dynacp plan`` writes: ``Plan.to_dict()`` plus ``source`` (``Plan.from_dict`` ignores it)."""
-    cluster, cost = common.cluster_and_cost(args)
     gbs = args.gbs
     if gbs is None:
         if args.lengths:
@@ -39,8 +39,14 @@ def plan_document(args: argparse.Namespace) -> Dict[str, Any]:
             gbs = 512
     batches = common.load(args, 1, gbs)
     batch = batches.batches[0]
-    p = make_plan(batch.lengths, cluster, cost, args.strategy, pp=args.pp, vpp=args.vpp,
+    price = common.pricing(args, batches)
+    cluster, cost = price.cluster, price.cost
+    pp, vpp = (price.layout.pp, price.layout.vpp) if price.layout is not None else (args.pp, args.vpp)
+    common.check_pool(cluster, int(batch.lengths.size))
+    p = make_plan(batch.lengths, cluster, cost, args.strategy, pp=pp, vpp=vpp,
                   count_policy=args.count_policy, **common.solver_kwargs(args))
+    common.warn_idle({args.strategy: [(p.predicted.step_time, common.idle_ranks(p.predicted.per_rank_time))]},
+                     cluster.num_ranks)
     doc = p.to_dict()
     source = dict(batches.source)
     if batch.entries is not None:
@@ -49,8 +55,13 @@ def plan_document(args: argparse.Namespace) -> Dict[str, Any]:
                      "note": "sequence id i is entry source.entries[i] (0-based) of the file"
                      if batch.entries is not None else "sequence ids are positions in the sampled batch"}
     doc["settings"] = {"ranks": cluster.num_ranks, "ranks_per_node": cluster.ranks_per_node,
-                       "tokens_per_rank": int(cost.token_capacity(cluster)), "cost_preset": args.cost, "pp": args.pp,
-                       "vpp": args.vpp, "count_policy": args.count_policy}
+                       "tokens_per_rank": int(cost.token_capacity(cluster)),
+                       "cost_preset": args.cost if price.layout is None else price.layout.label, "pp": pp,
+                       "vpp": vpp, "count_policy": args.count_policy, "cost": price.describe(),
+                       "predicted": common.PREDICTED, "measured": common.MEASURED}
+    if price.layout is not None:  # the layout's step: scheduler step x pipeline stretch + DP time
+        doc["settings"]["layout_step_time"] = price.step(p.predicted.step_time)
+        doc["settings"]["layout_lower_bound"] = price.step(p.predicted.lower_bound)
     return doc
 
 
@@ -62,9 +73,12 @@ def run(args: argparse.Namespace) -> int:
             f.write(text + "\n")
         pr = doc["predicted"]
         if not getattr(args, "quiet", False):
+            print(doc["settings"]["cost"]["label"], file=sys.stderr)
+            st = doc["settings"]
+            step, lb = st.get("layout_step_time", pr["step_time"]), st.get("layout_lower_bound", pr["lower_bound"])
             print(f"wrote {args.out}: {doc['source']['sequences']} sequences, {len(doc['microbatches'])} microbatch "
-                  f"slots, predicted step {pr['step_time'] * 1e3:.1f} ms (lower bound {pr['lower_bound'] * 1e3:.1f} "
-                  f"ms), solved in {doc['solve_ms']:.2f} ms", file=sys.stderr)
+                  f"slots, predicted step {step * 1e3:.1f} ms (lower bound {lb * 1e3:.1f} ms), solved in "
+                  f"{doc['solve_ms']:.2f} ms (measured)", file=sys.stderr)
     else:
         print(text)
     return 0

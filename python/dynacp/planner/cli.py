@@ -8,14 +8,7 @@ import sys
 from typing import List, Optional
 
 from dynacp.planner.configs import configs
-from dynacp.planner.model import (
-    ETP_CHOICES,
-    OPTIMIZERS,
-    RECOMPUTE,
-    RECOMPUTE_MODULES,
-    PlannerOptions,
-    recompute_module_options,
-)
+from dynacp.planner.model import ETP_CHOICES
 from dynacp.planner.presets import preset_names
 
 
@@ -30,46 +23,24 @@ def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) 
         "ranks the feasible layouts and gives a one-line reason for each rejected one. With --lengths, each feasible "
         "layout is also planned by the per-batch scheduler (static packing vs dynamic CP).")
     options.add(p, "--model", required=True, help=f"model JSON file or preset ({', '.join(preset_names('model'))})")
-    p.add_argument("--cluster", required=True,
-                   help=f"cluster JSON file or preset ({', '.join(preset_names('cluster'))})")
+    options.add(p, "--cluster", required=True,
+                help=f"cluster JSON file or preset ({', '.join(preset_names('cluster'))})")
     g = p.add_argument_group("batch")
     options.add(g, "--gbs", default=256, help="sequences (or packs) per optimizer step (default 256)")
     options.add(g, "--mbs", default=1, help="sequences per micro-batch (default 1)")
-    g.add_argument("--seq-length", type=int, default=4096, help="tokens per sequence or pack (default 4096)")
+    options.add(g, "--seq-length", help="tokens per sequence or pack (default 4096; with --lengths the longest length "
+                "it can give, rounded up to a multiple of 1024: a file's longest entry, an embedded distribution's "
+                "context window; a value shorter than that is an error, nothing is clipped)")
     options.add(g, "--lengths", metavar="FILE|DIST",
                 help="length distribution: a file (one integer per line, or .npy) or an embedded distribution")
     o = p.add_argument_group("training options")
-    o.add_argument("--optimizer", choices=OPTIMIZERS, default="distributed",
-                   help="data-parallel sharding of the model states: distributed (Megatron's distributed optimizer, "
-                        "= zero1: optimizer states), zero2 (also the gradients, reduce-scattered every micro-batch; "
-                        "FSDP without resharding after forward, as Llama 3), zero3 (also the weights; FSDP full "
-                        "shard), zero0 (plain DDP). Default distributed")
-    o.add_argument("--grad-dtype", choices=["fp32", "bf16"], default="fp32", help="main gradients (default fp32)")
-    o.add_argument("--recompute", choices=RECOMPUTE, default="selective", help="default selective")
-    o.add_argument("--recompute-modules", nargs="+", default=[], metavar="MODULE",
-                   help="also recompute these parts of each layer, Megatron-LM's names (space- or comma-separated): "
-                        f"{', '.join(RECOMPUTE_MODULES)}; mlp_act is the dense MLPs' activation function (not a "
-                        "Megatron-Core module). Not with --recompute full")
-    o.add_argument("--chunked-ce", action="store_true", help="fused/chunked cross-entropy")
+    options.add_training(o)
     o.add_argument("--etp", choices=ETP_CHOICES, default="any", help="expert TP: 1, =TP, or any (default)")
     o.add_argument("--ep-divides-dp", action="store_true", help="require EP | DP (no MoE parallel folding)")
     options.add(o, "--cp", metavar="LIST", help="allowed CP degrees, comma-separated (default: all)")
     options.add(o, "--tp", metavar="LIST", help="show only layouts with these TP degrees, comma-separated (default: all)")
     options.add(o, "--pp", metavar="LIST", help="show only layouts with these PP degrees, comma-separated (default: all)")
     o.add_argument("--max-vpp", type=int, default=1, help="largest interleaving (virtual pipeline) degree (default 1)")
-    o.add_argument("--allow-uneven-pp", action="store_true", help="accept PP not dividing the layers")
-    o.add_argument("--headroom", type=float, default=PlannerOptions.memory_headroom,
-                   help=f"usable fraction of GPU memory (0..1, default {PlannerOptions.memory_headroom})")
-    o.add_argument("--mfu", type=float, default=None,
-                   help="price all FLOPs at this fraction of peak (0..1; default: the efficiency model)")
-    o.add_argument("--fp8", action="store_true", help="FP8 GEMMs (faster GEMMs, 1 B/param FP8 weight copy)")
-    o.add_argument("--no-dp-overlap", action="store_true",
-                   help="count the DP reduce-scatter / all-gather as fully exposed (default: overlapped)")
-    o.add_argument("--no-pp-overlap", action="store_true",
-                   help="count interleaved pipeline sends as exposed (default: hidden behind the next chunk)")
-    o.add_argument("--no-ep-overlap", action="store_true",
-                   help="count the EP all-to-alls as fully exposed (default: a share hidden by EP comm overlap)")
-    o.add_argument("--ep-in-node", action="store_true", help="keep ETP x EP groups inside a node")
     options.add(o, "--batches", default=4, help="global batches sampled with --lengths (count, default 4)")
     options.add(o, "--seed", default=0, help="sampling seed (default 0)")
     out = p.add_argument_group("output")
@@ -104,23 +75,18 @@ def _only(table, args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     """Run ``dynacp configs``; returns the exit status (ValueError is reported by the caller)."""
+    from dynacp.commands import options as cli_options
+
     if args.top < 0:
         raise ValueError(f"--top must be >= 0, got {args.top}")
     options = {
-        "optimizer": args.optimizer, "grad_dtype": args.grad_dtype, "recompute": args.recompute,
-        "chunked_ce": args.chunked_ce, "etp": args.etp, "ep_divides_dp": args.ep_divides_dp,
-        "cp_sizes": _cp_list(args.cp) if args.cp else None, "max_vpp": args.max_vpp,
-        "allow_uneven_pp": args.allow_uneven_pp, "memory_headroom": args.headroom, "mfu": args.mfu,
-        "sample_batches": args.batches, "seed": args.seed, "fp8": args.fp8, "dp_overlap": not args.no_dp_overlap,
-        "pp_comm_overlap": not args.no_pp_overlap, "ep_comm_overlap": not args.no_ep_overlap,
-        "ep_in_node": args.ep_in_node,
+        **cli_options.training_options(args), "etp": args.etp, "ep_divides_dp": args.ep_divides_dp,
+        "cp_sizes": _cp_list(args.cp) if args.cp else None, "max_vpp": args.max_vpp, "sample_batches": args.batches,
+        "seed": args.seed,
     }
-    modules = [n for item in args.recompute_modules for n in item.split(",") if n]
-    if modules and args.recompute == "full":
-        raise ValueError("--recompute-modules applies to --recompute selective or none; full recompute already "
-                         "keeps only each layer's input")
-    options.update(recompute_module_options(modules))
-    batch = {"global_batch": args.gbs, "seq_length": args.seq_length, "micro_batch": args.mbs}
+    batch = {"global_batch": args.gbs, "micro_batch": args.mbs}
+    if args.seq_length is not None:
+        batch["seq_length"] = args.seq_length
     table = configs(args.model, args.cluster, batch, options, lengths=args.lengths,
                     progress=not args.json and not getattr(args, "quiet", False) and sys.stderr.isatty())
     table = _only(table, args)

@@ -11,12 +11,12 @@ from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 
-from dynacp.planner import dynamic
+from dynacp.planner import dynamic, layout_cost
 from dynacp.planner.enumerate import enumerate_layouts
-from dynacp.planner.memory import GB, MemoryBreakdown, memory_breakdown, param_counts
+from dynacp.planner.memory import GB, MemoryBreakdown, param_counts
 from dynacp.planner.model import BatchConfig, ClusterConfig, Layout, ModelConfig, PlannerOptions, recompute_modules_of
 from dynacp.planner.presets import resolve_cluster, resolve_model
-from dynacp.planner.timing import TimeBreakdown, step_time
+from dynacp.planner.timing import TimeBreakdown
 
 
 @dataclass
@@ -36,7 +36,9 @@ class Row:
     flags: List[str] = field(default_factory=list)
     """Notes on an accepted layout (uneven pipeline)."""
     scheduled: Dict[str, Any] = field(default_factory=dict)
-    """With a length distribution: mean step seconds under the scheduler's static and dynamic strategies."""
+    """With a length distribution: ``static`` and ``dynamic``, the mean layout step seconds under the scheduler's
+    static and dynamic strategies (scheduler step x pipeline stretch + DP seconds, :mod:`dynacp.planner.layout_cost`),
+    and ``speedup``, the mean over the batches of static / dynamic step time (x; :func:`layout_cost.speedup`)."""
 
     @property
     def feasible(self) -> bool:
@@ -86,6 +88,8 @@ class ConfigTable:
     """Description of the length distribution ('' for fixed-length sequences)."""
     strategies: Dict[str, str] = field(default_factory=dict)
     """Scheduler strategy used for 'static' and 'dynamic'."""
+    sampled: List[np.ndarray] = field(default_factory=list)
+    """The global batches sampled from the length distribution (sequence lengths in tokens; not in the JSON)."""
 
     @property
     def best(self) -> Optional[Row]:
@@ -120,14 +124,15 @@ class ConfigTable:
         ]
         if self.lengths:
             lines.append(f"lengths: {self.lengths}; scheduler static = {self.strategies.get('static')}, "
-                         f"dynamic = {self.strategies.get('dynamic')}")
+                         f"dynamic = {self.strategies.get('dynamic')}; 'static s' / 'dynamic s' = scheduler step x "
+                         "pipeline stretch + DP time (predicted), 'speedup' = mean per-batch static / dynamic")
         lines += [f"warning: {w}" for w in self.warnings]
         lines.append("bubble: 'bub%tot' = (p-1)/(v m + p - 1) of the step, 'bub%ideal' = (p-1)/(v m) over ideal")
         head = (f"{'#':>3} {'layout':<28} {'m':>3} {'params/GPU':>10} {'weights':>8} {'grads':>7} {'optim':>7} "
                 f"{'acts':>7} {'logits':>7} {'bufs':>5} {'total':>7} {'free':>6} {'bub%tot':>7} {'bub%ideal':>9} "
                 f"{'step s':>8} {'MFU':>5}")
         if self.lengths:
-            head += f" {'static s':>9} {'dynamic s':>9}"
+            head += f" {'static s':>9} {'dynamic s':>9} {'speedup':>8}"
         lines.append(head)
         for i, r in enumerate(self.rows[:top], 1):
             mem, tm = r.memory, r.time
@@ -142,8 +147,10 @@ class ConfigTable:
             )
             if self.lengths:
                 s = r.scheduled
-                line += (f" {s.get('static', float('nan')):>9.2f} {s.get('dynamic', float('nan')):>9.2f}"
-                         if "error" not in s else f"  scheduler: {s['error']}")
+                sp = s.get("speedup")
+                line += (f" {s.get('static', float('nan')):>9.2f} {s.get('dynamic', float('nan')):>9.2f} "
+                         f"{'n/a' if sp is None else f'{sp:.3f}x':>8}" if "error" not in s
+                         else f"  scheduler: {s['error']}")
             if r.flags:
                 line += "  [" + "; ".join(r.flags) + "]"
             lines.append(line)
@@ -202,6 +209,34 @@ def _rank(rows: List[Row], tol: float) -> List[Row]:
     return out
 
 
+def _batch_config(batch: Union[BatchConfig, Dict[str, Any], None], lengths: Optional[dynamic.LengthSpec]
+                  ) -> BatchConfig:
+    """The batch, its ``seq_length`` taken from ``lengths`` when the batch (a dict, or None) does not give one, and
+    checked against the longest length when it does (:func:`layout_cost.resolve_seq_length`)."""
+    if isinstance(batch, BatchConfig):
+        given: Dict[str, Any] = dataclasses.asdict(batch)
+    else:
+        given = dict(batch or {"global_batch": 256})
+    if lengths is not None:
+        longest = layout_cost.longest_length(lengths)
+        where = f"--lengths {lengths}" if isinstance(lengths, (str, Path)) else "the lengths"
+        given["seq_length"] = layout_cost.resolve_seq_length(longest, given.get("seq_length"), "--seq-length", where)
+    given.setdefault("seq_length", 4096)
+    b_cfg = BatchConfig.from_dict(given)
+    b_cfg.validate()
+    return b_cfg
+
+
+def _scheduled(times: Dict[str, Any], strategies: Dict[str, str]) -> Dict[str, Any]:
+    """A row's ``scheduled``: mean layout step seconds per role (static, dynamic) and the speed-up
+    (:func:`layout_cost.speedup`), or the scheduler's error."""
+    if "error" in times:
+        return {"error": times["error"]}
+    out: Dict[str, Any] = {name: float(np.mean(times[strat])) for name, strat in strategies.items()}
+    out["speedup"] = layout_cost.speedup(times[strategies["static"]], times[strategies["dynamic"]])
+    return out
+
+
 def configs(
     model: Union[str, Path, Dict[str, Any], ModelConfig],
     cluster: Union[str, Path, Dict[str, Any], ClusterConfig],
@@ -233,14 +268,12 @@ def configs(
         ValueError: bad input, naming the field or file.
     """
     m_cfg, c_cfg = resolve_model(model), resolve_cluster(cluster)
-    b_cfg = batch if isinstance(batch, BatchConfig) else BatchConfig.from_dict(
-        batch or {"global_batch": 256, "seq_length": 4096, "micro_batch": 1})
-    b_cfg.validate()
     if isinstance(options, PlannerOptions):
         opts = dataclasses.replace(options, **option_overrides)
     else:
         opts = PlannerOptions.from_dict({**(options or {}), **option_overrides})
     opts.validate()
+    b_cfg = _batch_config(batch, lengths)
     usable = c_cfg.gpu_memory * opts.memory_headroom
     warnings = model_warnings(m_cfg)
 
@@ -251,9 +284,9 @@ def configs(
         sampler, desc = dynamic.length_sampler(lengths)
         rng = np.random.default_rng(opts.seed)
         batches, clipped = dynamic.sample_global_batches(sampler, b_cfg, opts.sample_batches, rng)
-        if clipped:
-            warnings.append(f"{clipped} sampled lengths exceeded seq_length {b_cfg.seq_length} and were clipped")
-        sum_sq = float(np.mean([np.sum(x.astype(np.float64) ** 2) for x in batches]))
+        if clipped:  # _batch_config made seq_length hold the longest length: nothing can be clipped
+            raise AssertionError(f"{clipped} sampled lengths exceed seq_length {b_cfg.seq_length}")
+        sum_sq = layout_cost.sum_of_squares(batches)
 
     feasible, rejected = [], []
     for cand in enumerate_layouts(m_cfg, c_cfg, b_cfg, opts):
@@ -261,18 +294,9 @@ def configs(
         if not cand.feasible:
             rejected.append(Row(lay, None, None, usable, "; ".join(cand.violations)))
             continue
-        m = b_cfg.global_batch // (b_cfg.micro_batch * lay.dp)
-        mem = memory_breakdown(m_cfg, b_cfg, lay, opts, m)
-        tm = step_time(m_cfg, c_cfg, b_cfg, lay, opts, sum_sq)
-        row = Row(lay, mem, tm, usable, flags=cand.flags)
-        if mem.total > usable:
-            row.reason = (f"memory: needs {mem.total / GB:.1f} GB > {usable / GB:.1f} GB usable "
-                          f"({opts.memory_headroom:.0%} of {c_cfg.gpu_memory / GB:.0f} GB) on the {mem.stage} stage "
-                          f"(states {mem.model_states / GB:.1f}, activations {mem.activations / GB:.1f}, "
-                          f"logits {mem.logits / GB:.1f})")
-            rejected.append(row)
-        else:
-            feasible.append(row)
+        mem, tm, reason = layout_cost.price(m_cfg, c_cfg, b_cfg, lay, opts, sum_sq)
+        row = Row(lay, mem, tm, usable, reason, flags=cand.flags)
+        (rejected if reason else feasible).append(row)
 
     strategies: Dict[str, str] = {}
     ranked = _rank(feasible, opts.tie_tolerance)
@@ -281,26 +305,14 @@ def configs(
         chosen = ranked[: opts.predict_top] if opts.predict_top else ranked
         cache: Dict[Any, Dict[str, Any]] = {}
         for row in dynamic.progress(chosen, len(chosen), "scheduler", progress):
-            lay, mem, tm = row.layout, row.memory, row.time
-            assert mem is not None and tm is not None
-            static_bytes = mem.model_states + mem.buffers
-            full = 4 / 3 if opts.recompute == "full" else 1.0
-            speed = tm.model_flops / c_cfg.world * full / tm.compute if tm.compute > 0 else None
-            fields = dynamic.scheduler_inputs(m_cfg, c_cfg, b_cfg, lay, opts, static_bytes, tm.microbatches,
-                                              speed)
-            key = tuple(sorted(fields.items()))
+            assert row.memory is not None and row.time is not None
+            lc = layout_cost.derive(m_cfg, c_cfg, b_cfg, row.layout, opts, row.memory, row.time)
+            key = (tuple(sorted(lc.fields.items())), lc.stretch, lc.dp_seconds)
             if key not in cache:
-                cache[key] = dynamic.predict_scheduled(fields, batches, 1.0, 0.0,
-                                                       (strategies["static"], strategies["dynamic"]))
-            res = cache[key]
-            stretch = 1 + tm.bubble_vs_ideal
-            if "error" in res:
-                row.scheduled = {"error": res["error"]}
-            else:
-                row.scheduled = {name: res[strat] * stretch + tm.dp_comm for name, strat in strategies.items()}
+                cache[key] = layout_cost.scheduled_times(lc, batches, list(strategies.values()))
+            row.scheduled = _scheduled(cache[key], strategies)
         ranked = _rank(chosen, opts.tie_tolerance) + ranked[len(chosen):]
-    return ConfigTable(ranked, rejected, m_cfg, c_cfg, b_cfg, opts, warnings, desc,
-                       strategies)
+    return ConfigTable(ranked, rejected, m_cfg, c_cfg, b_cfg, opts, warnings, desc, strategies, batches)
 
 
 def total_params(model: ModelConfig) -> float:
