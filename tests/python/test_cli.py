@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -159,8 +160,9 @@ def _parsers() -> dict:
 _LAYOUT_FLAGS = ("--activation-budget --cluster --layout --mbs --micro-batch --micro-batch-size --model --seq-length "
                  # the training options of dynacp configs, which price the layout
                  "--allow-uneven-pp --chunked-ce --ep-in-node --fp8 --grad-dtype --headroom --mfu --no-dp-overlap "
-                 "--no-ep-overlap --no-pp-overlap --optimizer --recompute --recompute-modules")
-FLAGS_ADDED = {"compare": _LAYOUT_FLAGS, "plan": _LAYOUT_FLAGS, "report": _LAYOUT_FLAGS}
+                 "--no-ep-overlap --no-pp-overlap --optimizer --recompute --recompute-modules --no-fp8-param")
+FLAGS_ADDED = {"compare": _LAYOUT_FLAGS, "plan": _LAYOUT_FLAGS, "report": _LAYOUT_FLAGS,
+               "configs": "--no-fp8-param"}  # issue 37: FP8 weights kept as bf16 + cached FP8 copy
 
 
 def test_every_command_keeps_every_flag_it_had() -> None:
@@ -190,3 +192,14 @@ def test_a_shared_option_reads_alike_in_every_command_that_takes_it() -> None:
     assert compare["--gbs"] == report["--gbs"] and plan["--gbs"][:2] == compare["--gbs"][:2]
     assert compare["--batches"] == report["--batches"]
     assert compare["--ranks-per-node"][1:] == (8, "ranks (GPUs) per node (default 8)", int)
+
+
+def test_no_fp8_param_turns_fp8_primary_weights_off() -> None:
+    from dynacp.commands import options
+
+    p = argparse.ArgumentParser()
+    options.add_training(p)
+    assert options.training_options(p.parse_args(["--fp8"]))["fp8_param"] is True
+    assert options.training_options(p.parse_args(["--fp8", "--no-fp8-param"]))["fp8_param"] is False
+    with pytest.raises(ValueError, match="--no-fp8-param .* with --fp8"):
+        options.training_options(p.parse_args(["--no-fp8-param"]))

@@ -68,10 +68,10 @@ def test_the_outputs_say_which_cost_model_and_what_is_predicted(capsys) -> None:
     out = capsys.readouterr().out
     assert "cost: preset bytescale-fig6a (quick look, not your hardware" in out.splitlines()[0]
     assert "predicted: every step time" in out and "measured: solve times only" in out
-    res = _json(capsys, ["compare", "--model", "llama3-8b", "--layout", "TP2/CP4", "--cluster", "h100-64",
+    res = _json(capsys, ["compare", "--model", "llama3-8b", "--layout", "TP2/CP8", "--cluster", "h100-64",
                          "--lengths", "examples/lengths.txt", "--gbs", "256", "--batches", "1", "--json"])
     meta = res["metadata"]
-    assert meta["cost"]["label"].startswith("cost: derived from llama3-8b on TP2/PP1/CP4/DP8, h100-64")
+    assert meta["cost"]["label"].startswith("cost: derived from llama3-8b on TP2/PP1/CP8/DP4, h100-64")
     assert meta["cluster"]["ranks"] == 32 and meta["cluster"]["ranks_per_node"] == 4  # DP x CP; 8 GPUs / TP
     assert meta["cost_source"] == "dynacp.planner layout model" and "solve" in meta["measured"]
 
@@ -90,7 +90,7 @@ def test_plan_with_a_layout_records_the_layout_step(tmp_path, capsys) -> None:
 
 def test_layout_cost_api_prices_plans_like_the_commands() -> None:
     lengths = np.loadtxt("examples/lengths.txt", dtype=np.int64)[:256]
-    lc = dynacp.layout_cost("llama3-8b", "TP2/CP4", "h100-64", [lengths])
+    lc = dynacp.layout_cost("llama3-8b", "TP2/CP8", "h100-64", [lengths])
     assert isinstance(lc, dynacp.LayoutCost)
     assert (lc.cluster.num_ranks, lc.pp, lc.vpp, lc.cost.name) == (32, 1, 1, "planner")
     assert lc.batch.seq_length == 18432  # the longest of these 256, 17,634, rounded up to a multiple of 1024
@@ -100,7 +100,7 @@ def test_layout_cost_api_prices_plans_like_the_commands() -> None:
     with pytest.raises(ValueError, match="memory: needs"):
         dynacp.layout_cost("llama3-70b", "TP1", "h100-64", [lengths])
     with pytest.raises(ValueError, match="longer than seq_length 4096"):
-        dynacp.layout_cost("llama3-8b", "TP2/CP4", "h100-64", [lengths], seq_length=4096)
+        dynacp.layout_cost("llama3-8b", "TP2/CP8", "h100-64", [lengths], seq_length=4096)
 
 
 def test_layouts_are_read_and_checked() -> None:
@@ -119,7 +119,7 @@ def test_layout_flags_go_together_and_exclude_the_preset_flags(capsys) -> None:
     base = ["compare", "--batches", "1", "--gbs", "64"]
     assert main(base + ["--model", "llama3-8b"]) == 2
     assert "missing --layout, --cluster" in capsys.readouterr().err
-    assert main(base + ["--model", "llama3-8b", "--layout", "TP2/CP4", "--cluster", "h100-64", "--ranks", "8",
+    assert main(base + ["--model", "llama3-8b", "--layout", "TP2/CP8", "--cluster", "h100-64", "--ranks", "8",
                         "--cost", "h100-distca"]) == 2
     assert "--cost, --ranks cannot be given with --model/--layout/--cluster" in capsys.readouterr().err
 

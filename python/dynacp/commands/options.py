@@ -230,7 +230,12 @@ def add_training(g: Target) -> None:
                    help=f"usable fraction of GPU memory (0..1, default {PlannerOptions.memory_headroom})")
     g.add_argument("--mfu", type=float, default=None,
                    help="price all FLOPs at this fraction of peak (0..1; default: the efficiency model)")
-    g.add_argument("--fp8", action="store_true", help="FP8 GEMMs (faster GEMMs, 1 B/param FP8 weight copy)")
+    g.add_argument("--fp8", action="store_true",
+                   help="FP8 GEMMs; weights as FP8 primary weights by default (1 B FP8 + 1 B transpose per parameter "
+                        "instead of 2 B bf16; the DP all-gather moves 1 B per parameter)")
+    g.add_argument("--no-fp8-param", action="store_true",
+                   help="with --fp8: keep bf16 primary weights plus Transformer Engine's cached FP8 copy (2 + 2 B per "
+                        "parameter), as blockwise recipes such as DeepSeek-V3's do")
     g.add_argument("--no-dp-overlap", action="store_true",
                    help="count the DP reduce-scatter / all-gather as fully exposed (default: overlapped)")
     g.add_argument("--no-pp-overlap", action="store_true",
@@ -247,9 +252,11 @@ def training_options(args: argparse.Namespace) -> Dict[str, Any]:
 
     out = {"optimizer": args.optimizer, "grad_dtype": args.grad_dtype, "recompute": args.recompute,
            "chunked_ce": args.chunked_ce, "allow_uneven_pp": args.allow_uneven_pp, "memory_headroom": args.headroom,
-           "mfu": args.mfu, "fp8": args.fp8, "dp_overlap": not args.no_dp_overlap,
+           "mfu": args.mfu, "fp8": args.fp8, "fp8_param": not args.no_fp8_param, "dp_overlap": not args.no_dp_overlap,
            "pp_comm_overlap": not args.no_pp_overlap, "ep_comm_overlap": not args.no_ep_overlap,
            "ep_in_node": args.ep_in_node}
+    if args.no_fp8_param and not args.fp8:
+        raise ValueError("--no-fp8-param chooses how FP8 weights are kept: give it with --fp8")
     modules = [n for item in args.recompute_modules for n in item.split(",") if n]
     if modules and args.recompute == "full":
         raise ValueError("--recompute-modules applies to --recompute selective or none; full recompute already "
