@@ -159,28 +159,6 @@ def dynamic_strategy(choice: str = "auto") -> str:
     return choice
 
 
-def predict_scheduled(
-    fields: Dict[str, float], batches: List[np.ndarray], pipeline_factor: float, dp_seconds: float,
-    strategies: Tuple[str, str],
-) -> Dict[str, Any]:
-    """Mean predicted step time of ``batches`` under each strategy (static, dynamic), with the bubble stretch and
-    the DP time added. Returns seconds per strategy name, or an ``error`` naming why the scheduler refused."""
-    import dynacp
-
-    cl_keys = ("num_ranks", "ranks_per_node", "activation_budget", "intra_node_bandwidth", "inter_node_bandwidth")
-    cluster = dynacp.Cluster(**{k: fields[k] for k in cl_keys})
-    cost = dynacp.CostModel(name="planner", source="dynacp.planner layout model",
-                            **{k: v for k, v in fields.items() if k not in cl_keys})
-    out: Dict[str, Any] = {}
-    try:
-        for strat in strategies:
-            times = [dynacp.plan(b, cluster, cost, strategy=strat).predicted.step_time for b in batches]
-            out[strat] = float(np.mean(times)) * pipeline_factor + dp_seconds
-    except ValueError as e:
-        out["error"] = str(e)
-    return out
-
-
 def progress(iterable: Any, total: Optional[int], desc: str, enabled: bool) -> Any:
     """tqdm progress bar when tqdm is installed and ``enabled``; the iterable itself otherwise."""
     if not enabled:
