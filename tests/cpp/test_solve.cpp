@@ -8,13 +8,13 @@
 #include <random>
 
 #include "clusters.hpp"
-#include "dynacp/model/error.hpp"
 #include "dynacp/api/planner.hpp"
-#include "dynacp/solve/degrees.hpp"
-#include "dynacp/solve/evaluate.hpp"
-#include "dynacp/solve/microbatch.hpp"
-#include "dynacp/solve/packing.hpp"
-#include "dynacp/solve/placement.hpp"
+#include "dynacp/model/error.hpp"
+#include "dynacp/solve/blocks/degrees.hpp"
+#include "dynacp/solve/blocks/evaluate.hpp"
+#include "dynacp/solve/blocks/microbatch.hpp"
+#include "dynacp/solve/blocks/packing.hpp"
+#include "dynacp/solve/blocks/placement.hpp"
 
 using namespace dynacp;
 using namespace dynacp::solve;

@@ -1,4 +1,4 @@
-#include "dynacp/solve/placement.hpp"
+#include "dynacp/solve/blocks/placement.hpp"
 
 #include <algorithm>
 #include <numeric>

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "dynacp/solve/local_search.hpp"
+#include "dynacp/solve/search/local_search.hpp"
 
 namespace dynacp {
 
@@ -99,7 +99,8 @@ struct DynacpTuning {
   /// ... and at most this many of them, the best by score (ties: registry order); 0 = no cap.
   int polish_plans = 0;
 
-  /// The last stage: local search from the chosen plan (include/dynacp/solve/local_search.hpp documents each field).
+  /// The last stage: local search from the chosen plan (include/dynacp/solve/search/local_search.hpp documents each
+  /// field).
   solve::LocalSearchTuning local_search;
 
   /// Families (names from dynacp_families()) left out of the search, for experiments.

@@ -17,8 +17,8 @@
 #include <numeric>
 
 #include "builder.hpp"
-#include "dynacp/solve/microbatch.hpp"
-#include "dynacp/solve/partitions.hpp"
+#include "dynacp/solve/blocks/microbatch.hpp"
+#include "dynacp/solve/blocks/partitions.hpp"
 
 namespace dynacp::solve::dyn {
 

@@ -1,8 +1,9 @@
-// DynacpTuning::validate: every field's bounds, named in the error (include/dynacp/solve/dynacp_tuning.hpp).
+// DynacpTuning::validate: every field's bounds, named in the error (include/dynacp/solve/strategies/dynacp/tuning.hpp).
+#include "dynacp/solve/strategies/dynacp/tuning.hpp"
+
 #include <cmath>
 
 #include "dynacp/model/error.hpp"
-#include "dynacp/solve/dynacp_tuning.hpp"
 #include "search.hpp"
 
 namespace dynacp {

@@ -10,9 +10,9 @@
 #include <set>
 
 #include "dynacp/model/error.hpp"
-#include "dynacp/solve/microbatch.hpp"
-#include "dynacp/solve/timeline.hpp"
-#include "dynacp/solve/units.hpp"
+#include "dynacp/solve/blocks/microbatch.hpp"
+#include "dynacp/solve/blocks/timeline.hpp"
+#include "dynacp/solve/strategies/dynacp/units.hpp"
 #include "search.hpp"
 
 namespace dynacp::solve::dyn {

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "dynacp/model/plan.hpp"
-#include "dynacp/solve/dynacp_tuning.hpp"
-#include "dynacp/solve/timeline.hpp"
+#include "dynacp/solve/blocks/timeline.hpp"
+#include "dynacp/solve/strategies/dynacp/tuning.hpp"
 
 namespace dynacp::solve::dyn {
 

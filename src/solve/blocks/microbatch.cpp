@@ -1,4 +1,4 @@
-#include "dynacp/solve/microbatch.hpp"
+#include "dynacp/solve/blocks/microbatch.hpp"
 
 #include <algorithm>
 #include <array>
@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "dynacp/model/error.hpp"
-#include "dynacp/solve/small_lp.hpp"
+#include "dynacp/solve/search/small_lp.hpp"
 
 namespace dynacp::solve {
 

@@ -1,4 +1,4 @@
-#include "dynacp/solve/degrees.hpp"
+#include "dynacp/solve/blocks/degrees.hpp"
 
 #include <algorithm>
 #include <limits>

@@ -15,9 +15,9 @@
 
 #include "dynacp/model/error.hpp"
 #include "dynacp/model/log.hpp"
-#include "dynacp/solve/evaluate.hpp"
-#include "dynacp/solve/local_search.hpp"
-#include "dynacp/solve/timeline.hpp"
+#include "dynacp/solve/blocks/evaluate.hpp"
+#include "dynacp/solve/blocks/timeline.hpp"
+#include "dynacp/solve/search/local_search.hpp"
 #include "search.hpp"
 
 namespace dynacp {

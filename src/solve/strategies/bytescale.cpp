@@ -11,9 +11,9 @@
 #include <numeric>
 #include <set>
 
-#include "dynacp/solve/packing.hpp"
+#include "dynacp/solve/blocks/packing.hpp"
+#include "dynacp/solve/blocks/timeline.hpp"
 #include "dynacp/solve/strategies.hpp"
-#include "dynacp/solve/timeline.hpp"
 
 namespace dynacp::solve {
 namespace {

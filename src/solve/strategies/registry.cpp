@@ -1,13 +1,12 @@
-#include "dynacp/solve/strategies.hpp"
-
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "dynacp/model/error.hpp"
-#include "dynacp/solve/degrees.hpp"
-#include "dynacp/solve/packing.hpp"
-#include "dynacp/solve/placement.hpp"
+#include "dynacp/solve/blocks/degrees.hpp"
+#include "dynacp/solve/blocks/packing.hpp"
+#include "dynacp/solve/blocks/placement.hpp"
+#include "dynacp/solve/strategies.hpp"
 
 namespace dynacp {
 

@@ -1,6 +1,6 @@
 // DP balancing kernels: Karmarkar-Karp (LDM / BLDM) on flat arrays, count-capped LPT, exact branch and bound,
 // and the swap/move local search behind BalanceMethod::Best. See docs/balancing.md.
-#include "dynacp/solve/balance.hpp"
+#include "dynacp/solve/blocks/balance.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "dynacp/solve/timeline.hpp"
+#include "dynacp/solve/blocks/timeline.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -7,9 +7,9 @@
 #include <thread>
 
 #include "dynacp/model/error.hpp"
-#include "dynacp/solve/evaluate.hpp"
-#include "dynacp/solve/microbatch.hpp"
-#include "dynacp/solve/placement.hpp"
+#include "dynacp/solve/blocks/evaluate.hpp"
+#include "dynacp/solve/blocks/microbatch.hpp"
+#include "dynacp/solve/blocks/placement.hpp"
 #include "dynacp/solve/strategies.hpp"
 
 namespace dynacp::solve {

@@ -1,4 +1,4 @@
-#include "dynacp/solve/evaluate.hpp"
+#include "dynacp/solve/blocks/evaluate.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -8,9 +8,9 @@
 #include <numeric>
 #include <utility>
 
-#include "dynacp/solve/cover.hpp"
-#include "dynacp/solve/microbatch.hpp"
-#include "dynacp/solve/placement.hpp"
+#include "dynacp/solve/blocks/microbatch.hpp"
+#include "dynacp/solve/blocks/placement.hpp"
+#include "dynacp/solve/bounds/cover.hpp"
 
 namespace dynacp::solve {
 

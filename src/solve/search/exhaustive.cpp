@@ -1,4 +1,4 @@
-#include "dynacp/solve/exhaustive.hpp"
+#include "dynacp/solve/search/exhaustive.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "dynacp/model/error.hpp"
-#include "dynacp/solve/microbatch.hpp"
+#include "dynacp/solve/blocks/microbatch.hpp"
+#include "dynacp/solve/blocks/timeline.hpp"
 #include "dynacp/solve/strategies.hpp"
-#include "dynacp/solve/timeline.hpp"
 
 namespace dynacp::solve {
 

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "dynacp/model/cluster.hpp"
-#include "dynacp/solve/microbatch.hpp"
+#include "dynacp/solve/blocks/microbatch.hpp"
 
 namespace dynacp::solve {
 

@@ -1,4 +1,4 @@
-#include "dynacp/solve/small_lp.hpp"
+#include "dynacp/solve/search/small_lp.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "builder.hpp"
-#include "dynacp/solve/evaluate.hpp"
+#include "dynacp/solve/blocks/evaluate.hpp"
 #include "dynacp/solve/strategies.hpp"
 
 namespace dynacp::solve::dyn {

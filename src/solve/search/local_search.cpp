@@ -1,4 +1,4 @@
-#include "dynacp/solve/local_search.hpp"
+#include "dynacp/solve/search/local_search.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -6,9 +6,9 @@
 #include <numeric>
 #include <vector>
 
-#include "dynacp/solve/placement.hpp"
+#include "dynacp/solve/blocks/placement.hpp"
+#include "dynacp/solve/blocks/timeline.hpp"
 #include "dynacp/solve/strategies.hpp"
-#include "dynacp/solve/timeline.hpp"
 
 namespace dynacp::solve {
 
@@ -72,9 +72,7 @@ class Climber {
     return deadline_ != std::chrono::steady_clock::time_point::max() && std::chrono::steady_clock::now() >= deadline_;
   }
 
-  double group_time(const Group& g) const {
-    return cost_.group_time(g, batch_, cluster_);
-  }
+  double group_time(const Group& g) const { return cost_.group_time(g, batch_, cluster_); }
 
   // Per rank: its finish time on the group timeline (pp = 1) or its summed group time (pp > 1).
   std::vector<double> heat(std::size_t skip = SIZE_MAX) const {

@@ -13,7 +13,7 @@
 // whatever else the rank runs), so the ranks of an independent set lose the sum of their losses, and a linear
 // program over the kinds of rank (ranks_fit) prices the ranks each unit holds alone and those it shares. A unit of
 // several sequences is priced by its group's time.
-#include "dynacp/solve/cover.hpp"
+#include "dynacp/solve/bounds/cover.hpp"
 
 #include <algorithm>
 #include <array>
@@ -24,8 +24,8 @@
 #include <numeric>
 #include <utility>
 
-#include "dynacp/solve/partitions.hpp"
-#include "dynacp/solve/small_lp.hpp"
+#include "dynacp/solve/blocks/partitions.hpp"
+#include "dynacp/solve/search/small_lp.hpp"
 
 namespace dynacp::solve {
 namespace {

@@ -1,4 +1,4 @@
-#include "dynacp/solve/packing.hpp"
+#include "dynacp/solve/blocks/packing.hpp"
 
 #include <algorithm>
 #include <numeric>

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "dynacp/solve/timeline.hpp"
+#include "dynacp/solve/blocks/timeline.hpp"
 #include "search.hpp"
 
 namespace dynacp::solve::dyn {

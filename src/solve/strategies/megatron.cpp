@@ -19,7 +19,7 @@
 #include <set>
 
 #include "dynacp/model/error.hpp"
-#include "dynacp/solve/packing.hpp"
+#include "dynacp/solve/blocks/packing.hpp"
 #include "dynacp/solve/strategies.hpp"
 
 namespace dynacp::solve {

@@ -1,4 +1,4 @@
-#include "dynacp/solve/units.hpp"
+#include "dynacp/solve/strategies/dynacp/units.hpp"
 
 #include <algorithm>
 #include <array>
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "dynacp/model/error.hpp"
-#include "dynacp/solve/balance.hpp"
-#include "dynacp/solve/microbatch.hpp"
+#include "dynacp/solve/blocks/balance.hpp"
+#include "dynacp/solve/blocks/microbatch.hpp"
 
 namespace dynacp::solve {
 namespace {
