@@ -7,6 +7,7 @@
 #include "dynacp/solve/blocks/evaluate.hpp"
 #include "dynacp/solve/blocks/packing.hpp"
 #include "dynacp/solve/blocks/placement.hpp"
+#include "dynacp/solve/bounds/lower_bound.hpp"
 #include "dynacp/solve/search/local_search.hpp"
 #include "fields.hpp"
 

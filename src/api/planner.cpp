@@ -9,6 +9,7 @@
 #include "dynacp/sim/pipeline.hpp"
 #include "dynacp/solve/blocks/evaluate.hpp"
 #include "dynacp/solve/blocks/placement.hpp"
+#include "dynacp/solve/bounds/lower_bound.hpp"
 
 namespace dynacp {
 

@@ -20,6 +20,7 @@
 #include "dynacp/model/error.hpp"
 #include "dynacp/solve/blocks/evaluate.hpp"
 #include "dynacp/solve/blocks/timeline.hpp"
+#include "dynacp/solve/bounds/lower_bound.hpp"
 #include "dynacp/solve/search/exhaustive.hpp"
 #include "dynacp/solve/search/local_search.hpp"
 

@@ -17,6 +17,7 @@
 #include "dynacp/model/log.hpp"
 #include "dynacp/solve/blocks/evaluate.hpp"
 #include "dynacp/solve/blocks/timeline.hpp"
+#include "dynacp/solve/bounds/lower_bound.hpp"
 #include "dynacp/solve/search/local_search.hpp"
 #include "search.hpp"
 

@@ -14,6 +14,7 @@
 
 #include "builder.hpp"
 #include "dynacp/solve/blocks/evaluate.hpp"
+#include "dynacp/solve/bounds/lower_bound.hpp"
 #include "dynacp/solve/strategies.hpp"
 
 namespace dynacp::solve::dyn {
