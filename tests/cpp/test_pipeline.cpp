@@ -22,6 +22,7 @@
 #include "dynacp/solve/blocks/partitions.hpp"
 #include "dynacp/solve/blocks/timeline.hpp"
 #include "dynacp/solve/bounds/cover.hpp"
+#include "dynacp/solve/search/reorder.hpp"
 #include "dynacp/solve/search/small_lp.hpp"
 #include "dynacp/solve/strategies/dynacp/units.hpp"
 

@@ -72,6 +72,12 @@ std::vector<std::vector<std::int64_t>> first_fit(const Batch& batch, std::span<c
   return packs;
 }
 
+std::vector<std::int64_t> all_ids(const Batch& batch) {
+  std::vector<std::int64_t> ids(batch.size());
+  std::iota(ids.begin(), ids.end(), std::int64_t{0});
+  return ids;
+}
+
 std::vector<std::int64_t> longest_first(const Batch& batch, std::span<const std::int64_t> ids) {
   std::vector<std::pair<std::int64_t, std::size_t>> keys;  // (-length, position in ids)
   keys.reserve(ids.size());

@@ -8,7 +8,6 @@
 //   - ranks run as many microbatches as they are given (variable counts).
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <set>
 
 #include "dynacp/solve/blocks/packing.hpp"
@@ -54,17 +53,12 @@ class Bucket {
   std::size_t waiting_ = 0;
 };
 
-}  // namespace
-
-Plan bytescale(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options) {
+// FLOP-equal buckets of the sequences, longest first: as many as microbatch rounds the pool needs at full memory use.
+std::vector<Bucket> flop_buckets(const Batch& batch, const Cluster& cluster, const CostModel& cost) {
   const int P = cluster.num_ranks;
   const std::int64_t cap = cost.token_capacity(cluster);
   auto len = [&](std::int64_t id) { return batch.lengths[static_cast<std::size_t>(id)]; };
-  std::vector<std::int64_t> ids(batch.size());
-  std::iota(ids.begin(), ids.end(), std::int64_t{0});
-  const std::vector<std::int64_t> order = longest_first(batch, ids);
-
-  // FLOP-equal buckets: as many as microbatch rounds the pool needs at full memory use.
+  const std::vector<std::int64_t> order = longest_first(batch, all_ids(batch));
   double total_work = 0;
   std::int64_t total_tokens = 0;
   for (auto id : order) {
@@ -74,18 +68,27 @@ Plan bytescale(const Batch& batch, const Cluster& cluster, const CostModel& cost
   const std::size_t nb = static_cast<std::size_t>(
       std::clamp<std::int64_t>((total_tokens + cap * P - 1) / (cap * P), 1, static_cast<std::int64_t>(order.size())));
   std::vector<Bucket> buckets(nb);
-  {
-    const double target = total_work / static_cast<double>(nb);
-    double acc = 0;
-    std::size_t b = 0;
-    for (auto id : order) {
-      const double w = cost.work(len(id), batch.mask(static_cast<std::size_t>(id)));
-      if (acc + w > target * (static_cast<double>(b) + 1) && !buckets[b].empty() && b + 1 < nb) ++b;
-      buckets[b].push_back(id, cluster.padded_rows(len(id), 1));
-      acc += w;
-    }
-    for (auto& bucket : buckets) bucket.close();
+  const double target = total_work / static_cast<double>(nb);
+  double acc = 0;
+  std::size_t b = 0;
+  for (auto id : order) {
+    const double w = cost.work(len(id), batch.mask(static_cast<std::size_t>(id)));
+    if (acc + w > target * (static_cast<double>(b) + 1) && !buckets[b].empty() && b + 1 < nb) ++b;
+    buckets[b].push_back(id, cluster.padded_rows(len(id), 1));
+    acc += w;
   }
+  for (auto& bucket : buckets) bucket.close();
+  return buckets;
+}
+
+}  // namespace
+
+Plan bytescale(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options) {
+  const int P = cluster.num_ranks;
+  const std::int64_t cap = cost.token_capacity(cluster);
+  auto len = [&](std::int64_t id) { return batch.lengths[static_cast<std::size_t>(id)]; };
+  std::vector<Bucket> buckets = flop_buckets(batch, cluster, cost);
+  const std::size_t nb = buckets.size();
   const bool pp_balance = options.pp > 1;
   TimelineBuilder tl(batch, cluster, cost);
   std::size_t rr = 0;  // round-robin bucket cursor for PP-Balance

@@ -226,91 +226,101 @@ class WaitingList {
   std::size_t count_ = 0;
 };
 
+// One call of the scheduler: the groups of one microbatch, every waiting sequence tried once, tallest first. Whether
+// one has an option is monotone in its length (a shorter one fits wherever a taller one does: fewer padded rows, a
+// smaller s^2, more CP sizes), and the state changes only when one is placed, so after a sequence without an option a
+// binary search finds the next one with an option, and the ones between wait for the next call untouched: the same
+// microbatch in O(placed log n) steps instead of one per waiting sequence. (The search runs over every entry of the
+// sorted list, placed ones included: their lengths keep the order, and the first waiting entry from its answer on is
+// the one sought.)
+std::vector<MGroup> next_groups(WaitingList& waiting, const Cluster& cluster, const CostModel& cost) {
+  MicrobatchFill fill(cluster, cost, waiting.length(waiting.first()), waiting.length(waiting.last()));
+  bool first = true;
+  for (std::size_t k = waiting.first(); k < waiting.size(); k = waiting.next(k + 1), first = false) {
+    if (const Option opt = fill.option(waiting.length(k), first); opt.kind >= 0) {
+      fill.apply(opt, waiting.id(k), waiting.length(k));
+      waiting.take(k);
+      continue;
+    }
+    std::size_t lo = k + 1, hi = waiting.size();
+    while (lo < hi) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      if (fill.option(waiting.length(mid), false).kind >= 0)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    k = lo - 1;
+  }
+  return std::move(fill.groups);
+}
+
+// The fallback when doubling cannot fill the pool: one group of all P ranks holding what fits at CP = P; the rest
+// waits (after what waited, then the list is sorted again).
+void one_pool_group(std::vector<MGroup>& groups, WaitingList& waiting, const Batch& batch, const Cluster& cluster,
+                    const CostModel& cost) {
+  const int P = cluster.num_ranks;
+  const std::int64_t cap = cost.token_capacity(cluster);
+  auto len = [&](std::int64_t id) { return batch.lengths[static_cast<std::size_t>(id)]; };
+  std::vector<std::int64_t> all;
+  for (const auto& g : groups) all.insert(all.end(), g.ids.begin(), g.ids.end());
+  all = longest_first(batch, all);
+  groups.assign(1, MGroup{P, {}, 0, 0, 0.0});
+  std::vector<Waiting> back;
+  for (auto id : all) {
+    if (groups[0].rows + cluster.padded_rows(len(id), P) <= cap) {
+      MGroup& g = groups[0];
+      g.ids.push_back(id);
+      g.tokens += len(id);
+      g.rows += cluster.padded_rows(len(id), g.size);
+      g.sq += static_cast<double>(len(id)) * static_cast<double>(len(id));
+    } else {
+      back.push_back({len(id), id});
+    }
+  }
+  waiting.requeue(back);
+}
+
+// Interleaved 1F1B runs microbatches in groups of pp per virtual stage: split microbatches, from the last one
+// backwards and each at most once, until the count is a multiple of pp. The right half takes the split one's place
+// and the left half goes to the end.
+void align_for_interleaving(Plan& plan, int P, const PlanOptions& options) {
+  const auto n = static_cast<std::ptrdiff_t>(plan.microbatches.size());
+  std::ptrdiff_t missing = (options.pp - n % options.pp) % options.pp;
+  for (std::ptrdiff_t i = n - 1; missing > 0 && i >= 0; --i) {
+    auto halves = split_microbatch(plan.microbatches[static_cast<std::size_t>(i)], P);
+    if (halves.empty()) continue;
+    plan.microbatches[static_cast<std::size_t>(i)] = std::move(halves[0]);
+    plan.microbatches.push_back(std::move(halves[1]));
+    --missing;
+  }
+  if (missing > 0)
+    throw Error(detail::cat("megatron: cannot make its ", n, " microbatch(es) a multiple of pp = ", options.pp,
+                            " under vpp = ", options.vpp, ": ", missing,
+                            " more are needed and no microbatch left to split has two groups (Megatron-Core's "
+                            "alignment asserts here too); use vpp = 1 or a larger global batch"));
+}
+
 }  // namespace
 
 Plan megatron(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options) {
   const int P = cluster.num_ranks;
-  const std::int64_t cap = cost.token_capacity(cluster);
-  auto len = [&](std::int64_t id) { return batch.lengths[static_cast<std::size_t>(id)]; };
   std::vector<Waiting> all_ids;
   all_ids.reserve(batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i) all_ids.push_back({batch.lengths[i], static_cast<std::int64_t>(i)});
   WaitingList waiting(std::move(all_ids));
   Plan plan;
   while (!waiting.empty()) {
-    MicrobatchFill fill(cluster, cost, waiting.length(waiting.first()), waiting.length(waiting.last()));
-    // Every waiting sequence is tried once, tallest first. Whether one has an option is monotone in its length (a
-    // shorter one fits wherever a taller one does: fewer padded rows, a smaller s^2, more CP sizes), and the state
-    // changes only when one is placed, so after a sequence without an option a binary search finds the next one with
-    // an option, and the ones between wait for the next call untouched: the same microbatch in O(placed log n)
-    // steps instead of one per waiting sequence. (The search runs over every entry of the sorted list, placed ones
-    // included: their lengths keep the order, and the first waiting entry from its answer on is the one sought.)
-    bool first = true;
-    for (std::size_t k = waiting.first(); k < waiting.size(); k = waiting.next(k + 1), first = false) {
-      if (const Option opt = fill.option(waiting.length(k), first); opt.kind >= 0) {
-        fill.apply(opt, waiting.id(k), waiting.length(k));
-        waiting.take(k);
-        continue;
-      }
-      std::size_t lo = k + 1, hi = waiting.size();
-      while (lo < hi) {
-        const std::size_t mid = lo + (hi - lo) / 2;
-        if (fill.option(waiting.length(mid), false).kind >= 0)
-          hi = mid;
-        else
-          lo = mid + 1;
-      }
-      k = lo - 1;
-    }
-    std::vector<MGroup> groups = std::move(fill.groups);
-    auto add_to = [&](MGroup& g, std::int64_t id) {
-      g.ids.push_back(id);
-      g.tokens += len(id);
-      g.rows += cluster.padded_rows(len(id), g.size);
-      g.sq += static_cast<double>(len(id)) * static_cast<double>(len(id));
-    };
+    std::vector<MGroup> groups = next_groups(waiting, cluster, cost);
     // Fill empty ranks by doubling the smallest group (first of that size).
-    if (!fill_by_doubling(groups, P)) {
-      // Fallback: one group of all P ranks holding what fits at CP = P; the rest waits (after what waited, then the
-      // list is sorted again).
-      std::vector<std::int64_t> all;
-      for (const auto& g : groups) all.insert(all.end(), g.ids.begin(), g.ids.end());
-      all = longest_first(batch, all);
-      groups.assign(1, MGroup{P, {}, 0, 0, 0.0});
-      std::vector<Waiting> back;
-      for (auto id : all) {
-        if (groups[0].rows + cluster.padded_rows(len(id), P) <= cap)
-          add_to(groups[0], id);
-        else
-          back.push_back({len(id), id});
-      }
-      waiting.requeue(back);
-    }
+    if (!fill_by_doubling(groups, P)) one_pool_group(groups, waiting, batch, cluster, cost);
     if (groups.empty() || std::all_of(groups.begin(), groups.end(), [](const MGroup& g) { return g.ids.empty(); }))
       throw Error("megatron: no sequence could be placed in a microbatch (capacity too small for the pool)");
     // Aligned contiguous layout: largest groups first.
     std::stable_sort(groups.begin(), groups.end(), [](const MGroup& a, const MGroup& b) { return a.size > b.size; });
     plan.microbatches.push_back(lay_out(std::move(groups)));
   }
-  if (options.vpp > 1 && options.pp > 1) {
-    // Interleaved 1F1B runs microbatches in groups of pp per virtual stage: split microbatches, from the last one
-    // backwards and each at most once, until the count is a multiple of pp. The right half takes the split one's
-    // place and the left half goes to the end.
-    const auto n = static_cast<std::ptrdiff_t>(plan.microbatches.size());
-    std::ptrdiff_t missing = (options.pp - n % options.pp) % options.pp;
-    for (std::ptrdiff_t i = n - 1; missing > 0 && i >= 0; --i) {
-      auto halves = split_microbatch(plan.microbatches[static_cast<std::size_t>(i)], P);
-      if (halves.empty()) continue;
-      plan.microbatches[static_cast<std::size_t>(i)] = std::move(halves[0]);
-      plan.microbatches.push_back(std::move(halves[1]));
-      --missing;
-    }
-    if (missing > 0)
-      throw Error(detail::cat("megatron: cannot make its ", n, " microbatch(es) a multiple of pp = ", options.pp,
-                              " under vpp = ", options.vpp, ": ", missing,
-                              " more are needed and no microbatch left to split has two groups (Megatron-Core's "
-                              "alignment asserts here too); use vpp = 1 or a larger global batch"));
-  }
+  if (options.vpp > 1 && options.pp > 1) align_for_interleaving(plan, P, options);
   return plan;
 }
 

@@ -1,11 +1,8 @@
-#include <algorithm>
+// The strategy registry (one row per strategy: name, solver, summary) and PlanOptions::validate.
 #include <cmath>
-#include <numeric>
+#include <string>
 
 #include "dynacp/model/error.hpp"
-#include "dynacp/solve/blocks/degrees.hpp"
-#include "dynacp/solve/blocks/packing.hpp"
-#include "dynacp/solve/blocks/placement.hpp"
 #include "dynacp/solve/strategies.hpp"
 
 namespace dynacp {
@@ -20,60 +17,6 @@ void PlanOptions::validate() const {
 }
 
 namespace solve {
-namespace {
-
-std::vector<std::int64_t> all_ids(const Batch& batch) {
-  std::vector<std::int64_t> ids(batch.size());
-  std::iota(ids.begin(), ids.end(), std::int64_t{0});
-  return ids;
-}
-
-}  // namespace
-
-Plan packing(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions&) {
-  // Smallest static CP degree that holds the longest sequence and divides the pool.
-  int cp = cost.min_degree(batch.max_length(), cluster);
-  while (cluster.num_ranks % cp != 0) ++cp;
-  const int dp = cluster.num_ranks / cp;
-  const auto ids = all_ids(batch);
-  const auto packs = first_fit(batch, ids, cluster, cp, cost.token_capacity(cluster));
-  Plan plan;
-  plan.microbatches.resize((packs.size() + static_cast<std::size_t>(dp) - 1) / static_cast<std::size_t>(dp));
-  for (std::size_t k = 0; k < packs.size(); ++k) {
-    const int replica = static_cast<int>(k % static_cast<std::size_t>(dp));
-    Group g;
-    for (int j = 0; j < cp; ++j) g.ranks.push_back(replica * cp + j);
-    g.sequences = packs[k];
-    plan.microbatches[k / static_cast<std::size_t>(dp)].push_back(std::move(g));
-  }
-  return plan;
-}
-
-Plan fcp(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions&) {
-  Plan plan;
-  const auto ids = all_ids(batch);
-  std::vector<std::vector<AtomicGroup>> packed;  // each wave's atomic groups, from split_waves
-  split_waves(batch, cost, cluster, ids, &packed);
-  for (const auto& groups : packed) {
-    DegreeProblem prob;
-    prob.ranks = cluster.num_ranks;
-    for (const auto& g : groups) {
-      prob.min_degree.push_back(g.min_degree);
-      prob.max_degree.push_back(cost.best_degree(g.stats, g.min_degree, cluster));
-    }
-    prob.time = [&](std::size_t i, int d) { return cost.time(groups[i].stats, d, cluster); };
-    const auto alloc = allocate_degrees(prob);
-    const auto rings = place_groups(alloc.degrees, cluster);
-    std::vector<Group> slot;
-    for (std::size_t i = 0; i < groups.size(); ++i) {
-      Group g{rings[i], groups[i].ids};
-      std::sort(g.sequences.begin(), g.sequences.end());
-      slot.push_back(std::move(g));
-    }
-    plan.microbatches.push_back(std::move(slot));
-  }
-  return plan;
-}
 
 const std::vector<StrategyInfo>& strategies() {
   static const std::vector<StrategyInfo> registry = {

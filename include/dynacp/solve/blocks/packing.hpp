@@ -18,6 +18,9 @@ struct AtomicGroup {
   int min_degree = 1;
 };
 
+/// Every sequence id of the batch, 0..n-1 in order.
+std::vector<std::int64_t> all_ids(const Batch& batch);
+
 /// `ids` longest first, equal lengths in their order in `ids`: std::stable_sort by length, descending, done as a sort
 /// of contiguous (length, position) keys so that no comparison reads the batch (large batches: far fewer cache
 /// misses).

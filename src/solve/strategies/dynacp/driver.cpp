@@ -19,6 +19,7 @@
 #include "dynacp/solve/blocks/timeline.hpp"
 #include "dynacp/solve/bounds/lower_bound.hpp"
 #include "dynacp/solve/search/local_search.hpp"
+#include "dynacp/solve/search/reorder.hpp"
 #include "search.hpp"
 
 namespace dynacp {
