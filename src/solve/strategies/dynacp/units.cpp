@@ -1,3 +1,5 @@
+// The units family of dynacp's pipelined plans (include/dynacp/solve/strategies/dynacp/units.hpp): each unit's count,
+// the balancing moves between units, the giants' blocks, and profile_units itself. The packing is units_packer.cpp.
 #include "dynacp/solve/strategies/dynacp/units.hpp"
 
 #include <algorithm>
@@ -13,203 +15,10 @@
 #include "dynacp/model/error.hpp"
 #include "dynacp/solve/blocks/balance.hpp"
 #include "dynacp/solve/blocks/microbatch.hpp"
+#include "units_packer.hpp"
 
 namespace dynacp::solve {
-namespace {
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr std::size_t kTargets = 2;  // the fastest units a move may go to
-constexpr std::size_t kMoves = 4;    // the sequences of the slowest unit a move may take
-
-struct Unit {
-  int start = 0, width = 1;
-};
-
-struct Packed {
-  double makespan = kInf;
-  std::vector<std::vector<std::int64_t>> bins;  // each microbatch's sequences, run order, none empty (Units::groups
-                                                // splits them into rings)
-};
-
-GroupStats stats_of(const Batch& batch, const CostModel& cost, std::size_t i) {
-  const std::int64_t id = static_cast<std::int64_t>(i);
-  return group_stats(batch, cost, std::span(&id, 1));
-}
-
-// A block of `width` ranks may lie inside one node or span whole nodes.
-bool block_size_ok(int width, int rpn) { return width <= rpn ? rpn % width == 0 : width % rpn == 0; }
-
-// Everything a unit build shares: the batch, the model, and each sequence's time alone at each width (lazily).
-class Units {
- public:
-  Units(const Batch& batch, const Cluster& cluster, const CostModel& cost, int pp, bool equal_counts, int step)
-      : batch_(batch),
-        cluster_(cluster),
-        cost_(cost),
-        pp_(pp),
-        equal_(equal_counts),
-        step_(step),
-        m_max_(std::min(32, 8 * pp) / step * step),
-        one_(single_stats(batch, cost)),
-        parts_(64) {}
-
-  /// A unit of `width` ranks from `start` is usable when it stays inside one node or spans whole nodes.
-  bool aligned(int start, int width) const {
-    const int rpn = cluster_.ranks_per_node;
-    return width <= rpn ? start / rpn == (start + width - 1) / rpn : start % rpn == 0 && width % rpn == 0;
-  }
-  /// Padded rows per rank of sequence i on a ring of `width` ranks.
-  std::int64_t rows(std::size_t i, int width) const { return cluster_.padded_rows(batch_.lengths[i], width); }
-  bool fits(std::size_t i, int width) const { return rows(i, width) <= cost_.token_capacity(cluster_); }
-  double time(const GroupStats& g, int width) const {
-    return cost_.time(g, width, width > cluster_.ranks_per_node, cluster_);
-  }
-  /// T({s_i}, width), cached per width.
-  const std::vector<double>& alone(int width) {
-    auto& t = alone_[width];
-    if (t.empty())
-      for (std::size_t i = 0; i < batch_.size(); ++i) t.push_back(time(stats_of(batch_, cost_, i), width));
-    return t;
-  }
-
-  /// Packs each unit's sequences, picks counts, balances (variable counts) and emits the plan; empty when some unit
-  /// cannot hold its sequences or (equal counts) no count suits every unit.
-  Plan run(const std::vector<Unit>& units, std::vector<std::vector<std::int64_t>> ids);
-
- private:
-  // The units' sequences, packings per count and chosen counts while run() balances them (variable counts).
-  struct Balance {
-    const std::vector<Unit>& units;
-    std::vector<std::vector<std::int64_t>> ids;
-    std::vector<std::vector<Packed>> packs;
-    std::vector<int> chosen;  // the count each unit runs (0: no sequences)
-    double span_of(std::size_t u) const {
-      return chosen[u] ? packs[u][static_cast<std::size_t>(chosen[u] - 1)].makespan : 0.0;
-    }
-  };
-  // The best balancing move found so far: the slower unit's time after it, which sequence of the slowest unit
-  // (its size: none), to which unit, and both units' packings.
-  struct Move {
-    double best;
-    std::size_t pick, to;
-    std::vector<Packed> hi, lo;
-  };
-  /// The count (0 when no m fits) with the least makespan in one unit's packings.
-  static int best_m(const std::vector<Packed>& row);
-  /// Equal counts: the multiple of step_ with the least slowest unit (0 when none suits every unit).
-  int common_count(const std::vector<std::vector<Packed>>& packs) const;
-  /// Moves of the kMoves sequences of unit hi nearest half the gap's worth to unit lo; keeps the best below move.best.
-  void try_moves(const Balance& state, std::size_t hi, std::size_t lo,
-                 std::map<std::size_t, std::vector<Packed>>& without, Move& move);
-  /// One balancing round: the best move from the slowest unit to one of the kTargets fastest; false when none helps.
-  bool move_one(Balance& state);
-
-  Packed pack(const std::vector<std::int64_t>& ids, int width, int m);
-  std::vector<Packed> pack_all(const std::vector<std::int64_t>& ids, int width, int lo, int hi) {
-    std::vector<Packed> row(static_cast<std::size_t>(m_max_));
-    for (int m = std::max(lo, 1); m <= std::min({hi, m_max_, static_cast<int>(ids.size())}); ++m)
-      if (m % step_ == 0) row[static_cast<std::size_t>(m - 1)] = pack(ids, width, m);
-    return row;
-  }
-  void sort_heaviest_first(std::vector<std::int64_t>& ids, int width) {
-    const auto& t = alone(width);
-    std::sort(ids.begin(), ids.end(), [&](std::int64_t x, std::int64_t y) {  // a total order: ids are distinct
-      const double tx = t[static_cast<std::size_t>(x)], ty = t[static_cast<std::size_t>(y)];
-      return tx > ty || (tx == ty && x < y);
-    });
-  }
-
-  /// A microbatch of a unit, split into two rings on the halves of its ranks (recursively) while that makes it
-  /// faster: its sequences, heaviest first, each to the half it slows least. Returns the slowest ring's time and,
-  /// when `out` is given, adds the rings to it. Reorders `ids`; `depth` picks the scratch for the halves.
-  double split(std::vector<std::int64_t>& ids, std::size_t depth, int start, int width, std::vector<Group>* out);
-  /// A packing's microbatches as rings (ranks counted from the unit's first): the chosen count's only.
-  std::vector<std::vector<Group>> groups(Packed& p, int width) {
-    std::vector<std::vector<Group>> mbs(p.bins.size());
-    for (std::size_t j = 0; j < p.bins.size(); ++j) split(p.bins[j], 0, 0, width, &mbs[j]);
-    return mbs;
-  }
-
-  const Batch& batch_;
-  const Cluster& cluster_;
-  const CostModel& cost_;
-  int pp_;
-  bool equal_;
-  int step_;  // counts are multiples of it (pp under interleaving)
-  int m_max_;
-  std::map<int, std::vector<double>> alone_;
-  std::vector<GroupStats> one_;                                  // each sequence's stats alone
-  std::vector<std::array<std::vector<std::int64_t>, 2>> parts_;  // split's halves, by depth (a unit is < 2^64 ranks)
-  OneFOneBScratch scratch_;
-};
-
-// One unit's sequences (heaviest first) into m microbatches: each, in turn, into the microbatch with the most time
-// left against profile_j S / m (S: the unit's per-rank time at m microbatches) among those with token room.
-Packed Units::pack(const std::vector<std::int64_t>& ids, int width, int m) {
-  const double c = cost_.group_overhead;
-  const std::int64_t cap = cost_.token_capacity(cluster_);
-  const auto& t1 = alone(width);
-  double S = m * c;
-  for (std::int64_t id : ids) S += t1[static_cast<std::size_t>(id)] - c;
-  const std::vector<double> profile = one_f_one_b_profile(m, pp_);
-  const auto M = static_cast<std::size_t>(m);
-  std::vector<GroupStats> stats(M);
-  std::vector<std::int64_t> used(M, 0);  // padded rows per rank
-  std::vector<double> time(M, 0.0);
-  std::vector<std::vector<std::int64_t>> bins(M);
-  // Adding a sequence of s tokens raises a group's time by at least its linear work linear_coef s / width (every
-  // other term only grows, and the overlap hides at most the added attention), so a microbatch's time left after it
-  // is at most its slack (room - time) less that. The microbatches are tried in order of slack, largest first, and
-  // the scan stops once even the next slack (with a margin far above rounding) cannot beat the best so far: the same
-  // choice (the most time left, ties to the lowest index) for far fewer pricings.
-  std::vector<double> room(M), slack(M);
-  for (std::size_t j = 0; j < M; ++j) room[j] = slack[j] = profile[j] * S / m;
-  const double margin = 1e-9 * (*std::max_element(room.begin(), room.end()) + 1.0);
-  std::vector<std::size_t> order(M);  // by slack, largest first (ties: lower index first)
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return slack[x] > slack[y]; });
-  for (std::int64_t id : ids) {
-    const auto i = static_cast<std::size_t>(id);
-    const std::int64_t need = rows(i, width);
-    const double rise = cost_.linear_coef * static_cast<double>(batch_.lengths[i]) / width;
-    std::size_t best = M, at = M;
-    double best_left = 0.0, best_time = 0.0;
-    for (std::size_t k = 0; k < M; ++k) {
-      const std::size_t j = order[k];
-      if (best < M) {
-        const double bound = slack[j] - rise;
-        if (bound + 1e-9 * std::abs(bound) + margin <= best_left) break;
-      }
-      if (used[j] + need > cap) continue;
-      GroupStats g = stats[j];
-      g.merge(one_[i]);
-      const double t = this->time(g, width);
-      const double left = room[j] - t;
-      if (best == M || left > best_left || (left == best_left && j < best))
-        best = j, at = k, best_left = left, best_time = t;
-    }
-    if (best == M) return {};
-    stats[best].merge(one_[i]);
-    used[best] += need;
-    time[best] = best_time;
-    bins[best].push_back(id);
-    slack[best] = room[best] - best_time;
-    auto before = [&](std::size_t x, std::size_t y) { return slack[x] > slack[y] || (slack[x] == slack[y] && x < y); };
-    for (; at + 1 < M && before(order[at + 1], best); ++at) order[at] = order[at + 1];  // back to its place
-    for (; at > 0 && before(best, order[at - 1]); --at) order[at] = order[at - 1];
-    order[at] = best;
-  }
-  Packed out;
-  std::vector<double> times;
-  for (std::size_t j = 0; j < M; ++j)
-    if (!bins[j].empty()) {
-      times.push_back(split(bins[j], 0, 0, width, nullptr));
-      out.bins.push_back(std::move(bins[j]));
-    }
-  if (static_cast<int>(times.size()) % step_ != 0) return {};  // an emptied microbatch breaks the multiple
-  out.makespan = one_f_one_b_makespan(times, pp_, cost_.backward_ratio, scratch_);
-  return out;
-}
+namespace dyn {
 
 int Units::best_m(const std::vector<Packed>& row) {
   int m = 0;
@@ -338,44 +147,15 @@ Plan Units::run(const std::vector<Unit>& units, std::vector<std::vector<std::int
   return plan;
 }
 
-double Units::split(std::vector<std::int64_t>& ids, std::size_t depth, int start, int width, std::vector<Group>* out) {
-  if (width % 2 == 0 && ids.size() >= 2) {
-    const int half = width / 2;
-    const std::int64_t cap = cost_.token_capacity(cluster_);
-    sort_heaviest_first(ids, half);
-    auto& part = parts_.at(depth);
-    part[0].clear(), part[1].clear();
-    GroupStats g[2];
-    std::int64_t used[2] = {0, 0};  // padded rows per rank of each half
-    double t[2] = {0.0, 0.0};
-    bool ok = true;
-    for (std::int64_t id : ids) {
-      const auto i = static_cast<std::size_t>(id);
-      double after[2];
-      for (int k = 0; k < 2; ++k) {
-        GroupStats h = g[k];
-        h.merge(one_[i]);
-        after[k] = used[k] + rows(i, half) <= cap ? time(h, half) : kInf;
-      }
-      const int k = after[1] < after[0] ? 1 : 0;
-      if (after[k] == kInf) ok = false;
-      g[k].merge(one_[i]), t[k] = after[k], part[k].push_back(id);
-      used[k] += rows(i, half);
-    }
-    if (ok && !part[1].empty() && std::max(t[0], t[1]) < time(sum_stats(one_, ids), width) - 1e-12) {
-      const double a = split(part[0], depth + 1, start, half, out);
-      return std::max(a, split(part[1], depth + 1, start + half, half, out));
-    }
-  }
-  std::sort(ids.begin(), ids.end());
-  const double t = time(sum_stats(one_, ids), width);
-  if (out) {
-    std::vector<int> ranks(static_cast<std::size_t>(width));
-    std::iota(ranks.begin(), ranks.end(), start);
-    out->push_back({std::move(ranks), ids});
-  }
-  return t;
-}
+}  // namespace dyn
+
+namespace {
+
+using dyn::block_size_ok;
+using dyn::kInf;
+using dyn::stats_of;
+using dyn::Unit;
+using dyn::Units;
 
 // The giants' blocks by water-filling (sizes[k]: giant k's usable block sizes, at[k]: the one it takes, used: their
 // ranks in all): the slowest giant takes its next larger size that is faster, while that lowers max(slowest giant,
