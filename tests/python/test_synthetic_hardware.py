@@ -428,14 +428,45 @@ def test_true_function_is_above_its_minorant():
 
 @pytest.fixture(scope="module", params=CAPS, ids=lambda cap: f"{cap}-tokens-per-rank")
 def calibrated(request) -> tuple[Hardware, _core.CostModel, _core.Cluster]:
+    """The documented workflow with the defaults: ``calibrate.fit(profile)`` (form auto) and ``apply_links``."""
     hw = Hardware(cap=request.param)
-    result = calibrate.fit(profile_of(hw), form="extended", name="synthetic")
+    result = calibrate.fit(profile_of(hw), name="synthetic")
+    assert result.form == "extended" and "form auto -> extended" in result.form_reason  # enough points
     cluster = dynacp.Cluster(num_ranks=P, ranks_per_node=RPN, tokens_per_rank=hw.cap)
     calibrate.apply_links(cluster, result.links)
     group = next(t for t in result.terms if t.term == "group")
     print(f"\nsynthetic hardware ({hw.cap} tokens per rank) fit: whole-group rms {100 * group.rms:.1f} %, max "
           f"{100 * group.max:.1f} %")
     return hw, result.cost, cluster
+
+
+def held_out_groups(hw: Hardware, n: int = 800, seed: int = 11) -> list[tuple[list[int], int, int]]:
+    """(lengths, degree, nodes) of ``n`` groups the profile did not measure: every degree 1-64 (most not powers of
+    two), 1-8 documents of random proportions (the profile has 1 or 4 equal powers of two), total tokens log-uniform
+    from 64 per document to 95 % of the ring's memory; compact rings (``ceil(d / 8)`` nodes), a quarter of the rings
+    of 2-8 ranks placed across a node boundary (2 nodes)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        d = int(rng.integers(1, P + 1))
+        docs = int(rng.integers(1, 9))
+        total = float(np.exp(rng.uniform(np.log(64 * docs), np.log(0.95 * hw.cap * d))))
+        lengths = np.maximum(1, np.floor(total * rng.dirichlet(np.ones(docs)))).astype(int).tolist()
+        nodes = 2 if 1 < d <= RPN and rng.random() < 0.25 else math.ceil(d / RPN)
+        out.append((lengths, d, nodes))
+    return out
+
+
+def test_held_out_group_error(calibrated):
+    """The calibrated model's relative error on held-out groups (:func:`held_out_groups`), against the true time:
+    median <= 3 %, max <= 10 % (issue 37)."""
+    hw, cost, cluster = calibrated
+    err = np.array([cost.time(ls, d, cluster, crosses_nodes=nodes > 1) / hw.time(ls, d, nodes) - 1
+                    for ls, d, nodes in held_out_groups(hw)])
+    print(f"\ncap {hw.cap}: held-out group error median {100 * np.median(np.abs(err)):.2f} %, max "
+          f"{100 * np.max(np.abs(err)):.2f} % over {err.size} groups")
+    assert np.median(np.abs(err)) <= 0.03
+    assert np.max(np.abs(err)) <= 0.10
 
 
 @pytest.mark.parametrize("pp", [1, 4])
