@@ -520,31 +520,57 @@ def fit(profile: Union[Profile, str, Path], base: Any = None, *, name: str = "ca
     kv_default = float(prof.meta.get("kv_bytes_per_token", base.kv_bytes_per_token))
     notes = list(measured.notes)
     if prof.rows("group"):
-        abc, kvb, note = _fit_groups(prof, base, cluster, kv_default, form)
+        cost, note, err = _group_model(prof, base, cluster, links, kv_default, form)
+        if form == "extended":  # the classic solution is one of the extended form's (its terms 0): keep the better
+            classic, c_note, c_err = _group_model(prof, base, cluster, links, kv_default, "classic")
+            if c_err.rms < err.rms:
+                cost, err = classic, c_err
+                note = (c_note + "; the extended fit's whole-group rms error was above the classic form's, so the "
+                        "classic coefficients are kept (the extended terms 0)")
         if prof.rows("attention"):
             terms += _fit_components(prof, base, form)[1]
     else:
         abc, comp_terms = _fit_components(prof, base, form)
         terms += comp_terms
-        kvb, note = kv_default, "kv_bytes_per_token from the model dimensions (the profile has no group table)"
+        cost, err = _model_of(base, abc, kv_default), None
+        note = "kv_bytes_per_token from the model dimensions (the profile has no group table)"
     notes.append(note)
     notes += [n for n in (_inversion_note(prof.rows(t), t) for t in ("attention", "group")) if n]
     if not links:
         notes.append("links: the profile has no p2p table; the Cluster's link fields are not changed")
-    cost = _core.CostModel(**dict(base.to_dict()))
-    cost.attn_coef, cost.linear_coef, cost.group_overhead = (float(x) for x in abc[:3])
-    for k, v in zip(EXTENDED_FIELDS, abc[3:]):
-        setattr(cost, k, float(v))
-    cost.kv_bytes_per_token = kvb
     cost.name = name
     result = FitResult(cost, links, terms, notes, form, why)
-    if prof.rows("group"):
-        result.terms.insert(0, group_error(prof, cost, links, cluster))
+    if err is not None:
+        result.terms.insert(0, err)
     cost.source = (f"dynacp calibrate fit of {prof.source} ({prof.meta.get('device', '?')}, "
                    f"{prof.meta.get('dtype', '?')}, {form} form): " + ", ".join(
                        f"{t.term} rms {100 * t.rms:.1f}% max {100 * t.max:.1f}%" for t in result.terms))
     _warn_poor(result, prof.source)
     return result
+
+
+def _model_of(base: Any, coef: np.ndarray, kvb: float) -> Any:
+    """A copy of ``base`` with a, b, c (and the extended coefficients, when ``coef`` has them) and kv_bytes_per_token."""
+    from dynacp import _core
+
+    cost = _core.CostModel(**dict(base.to_dict()))
+    cost.attn_coef, cost.linear_coef, cost.group_overhead = (float(x) for x in coef[:3])
+    for k, v in zip(EXTENDED_FIELDS, coef[3:]):
+        setattr(cost, k, float(v))
+    cost.kv_bytes_per_token = kvb
+    return cost
+
+
+def _group_model(profile: Profile, base: Any, cluster: Any, links: dict[str, float], kv_default: float,
+                 form: str) -> tuple[Any, str, TermFit]:
+    """The model fitted on the ``group`` table in ``form`` (from a copy of ``base``), its note and its whole-group
+    error."""
+    from dynacp import _core
+
+    start = _core.CostModel(**dict(base.to_dict()))
+    coef, kvb, note = _fit_groups(profile, start, cluster, kv_default, form)
+    cost = _model_of(start, coef, kvb)
+    return cost, note, group_error(profile, cost, links, cluster)
 
 
 def _fit_cluster(profile: Profile, cluster: Any, links: dict[str, float]) -> Any:
