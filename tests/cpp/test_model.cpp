@@ -35,6 +35,17 @@ CostModel unit_cost() {
   m.mem_static = 0.0;
   return m;
 }
+// piece_minima of h from degree 1 equals a brute-force scan of each piece (ties: the smaller degree).
+void expect_scanned_minima(const CostModel& m, const GroupStats& h, const Cluster& c) {
+  const auto arg = m.piece_minima(h, 1, c);
+  for (int k = 0; k < 2; ++k) {
+    const int lo = k == 0 ? 1 : c.ranks_per_node + 1, hi = k == 0 ? c.ranks_per_node : c.num_ranks;
+    int want = lo;
+    for (int d = lo + 1; d <= hi; ++d)
+      if (m.time(h, d, c) < m.time(h, want, c)) want = d;
+    EXPECT_EQ(arg[static_cast<std::size_t>(k)], want);
+  }
+}
 }  // namespace
 
 TEST(CostModel, HandComputedTimes) {
@@ -127,14 +138,7 @@ TEST(CostModel, ExtendedFormTermsAndScannedMinima) {
     m.comm_overlap = std::uniform_real_distribution<double>(0, 1)(rng);
     GroupStats h;
     h.add(1 + static_cast<std::int64_t>(rng() % 700), 0.5);
-    const auto arg = m.piece_minima(h, 1, c);
-    for (int k = 0; k < 2; ++k) {
-      const int lo = k == 0 ? 1 : c.ranks_per_node + 1, hi = k == 0 ? c.ranks_per_node : c.num_ranks;
-      int want = lo;
-      for (int d = lo + 1; d <= hi; ++d)
-        if (m.time(h, d, c) < m.time(h, want, c)) want = d;
-      EXPECT_EQ(arg[static_cast<std::size_t>(k)], want);
-    }
+    expect_scanned_minima(m, h, c);
   }
   m.comm_overlap = 1.5;
   EXPECT_THROW(m.validate(), InvalidArgument);
@@ -176,14 +180,7 @@ TEST(CostModel, HopTablesInterpolateClampAndValidate) {
   for (int it = 0; it < 100; ++it) {
     GroupStats h;
     h.add(1 + static_cast<std::int64_t>(rng() % 900), 0.5);
-    const auto arg = m.piece_minima(h, 1, c);
-    for (int k = 0; k < 2; ++k) {
-      const int lo = k == 0 ? 1 : c.ranks_per_node + 1, hi = k == 0 ? c.ranks_per_node : c.num_ranks;
-      int want = lo;
-      for (int d = lo + 1; d <= hi; ++d)
-        if (m.time(h, d, c) < m.time(h, want, c)) want = d;
-      EXPECT_EQ(arg[static_cast<std::size_t>(k)], want);
-    }
+    expect_scanned_minima(m, h, c);
   }
 }
 
