@@ -561,27 +561,20 @@ def test_fit_to_file_passes_the_cluster_through(tmp_path):
     assert dynacp.CostModel.load(tmp_path / "a.json").to_dict() == right.cost.to_dict()
 
 
-def test_spread_weights_the_fit():
-    """Rows measured with a large spread weigh less: a fifth of the groups 40 % slow but marked noisy (spread 0.5)
-    barely move the fit, while the same rows with the same spread as the rest pull it off; equal spreads give
-    equal weights (None: the unweighted fit, bit for bit)."""
-    from dynacp.calibrate.fit import spread_weights
-
-    prof = synthetic_profile(noise=0.0)
-    rows = prof.tables["group"]
-    assert spread_weights(rows) is None
-    slow = [dict(r, seconds=r["seconds"] * 1.4, spread=0.5) if i % 5 == 0 else dict(r, spread=0.02)
-            for i, r in enumerate(rows)]
-    w = spread_weights(slow)
-    assert w is not None and w.mean() == pytest.approx(1.0)
-    assert w.max() / w.min() == pytest.approx((0.5 / 0.02) ** 2)  # 1 / spread^2 (0.02 is above the 1 % floor)
-    even = [dict(r, spread=0.02) for r in slow]
-    weighted = calibrate.fit(Profile(meta=prof.meta, tables={"group": slow, "p2p": prof.tables["p2p"]}),
-                             form="classic").cost
-    unweighted = calibrate.fit(Profile(meta=prof.meta, tables={"group": even, "p2p": prof.tables["p2p"]}),
-                               form="classic").cost
-    for k in ("attn_coef", "linear_coef"):
-        assert abs(getattr(weighted, k) / TRUE[k] - 1) < 0.3 * abs(getattr(unweighted, k) / TRUE[k] - 1), k
+def test_spread_is_reported_beside_the_error_and_does_not_weight_the_fit():
+    """Issue 37's decision: the fit does not depend on the rows' spreads (the same coefficients whatever they are),
+    and the report gives each term's noise: the median spread of its table."""
+    prof = synthetic_profile(noise=0.05, seed=2)
+    rng = np.random.default_rng(4)
+    other = Profile(meta=prof.meta, tables={k: [dict(r, spread=float(rng.uniform(0, 2))) for r in rows]
+                                            for k, rows in prof.tables.items()}, source="other spreads")
+    a, b = calibrate.fit(prof, form="classic"), calibrate.fit(other, form="classic")
+    assert a.cost.to_dict() | {"source": ""} == b.cost.to_dict() | {"source": ""}
+    group = next(t for t in b.terms if t.term == "group")
+    assert group.noise == pytest.approx(float(np.median([r["spread"] for r in other.tables["group"]])))
+    assert next(t for t in a.terms if t.term == "group").noise == 0.0
+    assert f"{100 * group.noise:.1f}%" in b.format().splitlines()[[ln.startswith("group ") for ln in
+                                                                   b.format().splitlines()].index(True)]
 
 
 def test_every_field_the_readers_accept_is_documented():

@@ -19,7 +19,7 @@ spans beyond its first (``CostModel.nodes_spanned``), what ``node_overhead`` is 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -49,20 +49,18 @@ def _too_few(kind: str, got: int, source: str) -> ValueError:
                       f"rows of at least 2 different message sizes, got {got}")
 
 
-def _fit_one(rows: list[dict], weights: Optional[np.ndarray]) -> tuple[float, float]:
+def _fit_one(rows: list[dict]) -> tuple[float, float]:
     """(latency s, seconds per byte) of ``t = latency + bytes * spb`` by non-negative relative least squares."""
     X = np.array([[1.0, r["bytes"]] for r in rows])
     t = np.array([r["seconds"] for r in rows])
-    lat, spb = nonneg_relative_lsq(X, t, weights=weights)
+    lat, spb = nonneg_relative_lsq(X, t)
     return float(lat), float(spb)
 
 
-def fit_links(rows: list[dict], source: str, weights: Optional[np.ndarray] = None) -> LinkFit:
-    """Links and hop tables of the ``p2p`` rows (module docstring); ``weights`` per row (the spread weights, or
-    None). Raises ValueError naming the file when a kind has fewer than 2 message sizes or its hop time does not
-    grow with the message size."""
+def fit_links(rows: list[dict], source: str) -> LinkFit:
+    """Links and hop tables of the ``p2p`` rows (module docstring). Raises ValueError naming the file when a kind
+    has fewer than 2 message sizes or its hop time does not grow with the message size."""
     out = LinkFit()
-    w_all = np.ones(len(rows)) if weights is None else np.asarray(weights, dtype=np.float64)
     for crosses, kind in KINDS:
         idx = [i for i, r in enumerate(rows) if r["crosses_nodes"] == crosses]
         if not idx:
@@ -70,12 +68,12 @@ def fit_links(rows: list[dict], source: str, weights: Optional[np.ndarray] = Non
         sel = [rows[i] for i in idx]
         if len({r["bytes"] for r in sel}) < 2:
             raise _too_few(kind, len({r["bytes"] for r in sel}), source)
-        lat, spb = _fit_one(sel, w_all[idx])
+        lat, spb = _fit_one(sel)
         if not spb > 0:
             raise ValueError(f"{source}: table 'p2p': the {kind} hop times do not grow with the message size; the "
                              "bandwidth is undefined (measure larger messages)")
         out.links[f"{kind}_latency"], out.links[f"{kind}_bandwidth"] = lat, 1.0 / spb
-        table = _hop_table(sel, w_all[idx], kind, out.notes)
+        table = _hop_table(sel, kind, out.notes)
         t = np.array([r["seconds"] for r in sel])
         if table:
             out.hops[f"{kind}_hops"] = table
@@ -94,22 +92,21 @@ def _interp(table: list[list[float]], size: int, nbytes: float) -> float:
     return float(lat + nbytes * spb)
 
 
-def _hop_table(rows: list[dict], weights: np.ndarray, kind: str, notes: list[str]) -> list[list[float]]:
+def _hop_table(rows: list[dict], kind: str, notes: list[str]) -> list[list[float]]:
     """The monotone per-ring-size table of one link kind, or [] when fewer than two ring sizes can be fitted."""
     sizes = sorted({int(r["group_size"]) for r in rows if r["group_size"] >= 2})
     fits, counts, skipped = [], [], []
     for s in sizes:
-        idx = [i for i, r in enumerate(rows) if r["group_size"] == s]
-        sub = [rows[i] for i in idx]
+        sub = [r for r in rows if r["group_size"] == s]
         if len({r["bytes"] for r in sub}) < 2:
             skipped.append(s)
             continue
-        lat, spb = _fit_one(sub, weights[idx])
+        lat, spb = _fit_one(sub)
         if not spb > 0:
             skipped.append(s)
             continue
         fits.append((s, lat, spb))
-        counts.append(float(sum(weights[idx])))
+        counts.append(float(len(sub)))
     if skipped:
         notes.append(f"p2p {kind}: ring size(s) {skipped} left out of the hop table (fewer than 2 message sizes, or "
                      "times that do not grow with the message size)")
