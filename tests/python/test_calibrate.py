@@ -498,6 +498,10 @@ def test_hop_tables_are_fitted_per_ring_size_and_monotone():
     assert hops[1][1:] == pytest.approx(hops[2][1:]) and any("monotone" in n for n in res.notes)
     res.cost.validate()
     assert not calibrate.fit(synthetic_profile(), form="classic").cost.has_hop_tables  # one ring size
+    from dynacp.calibrate.lsq import isotonic_increasing
+
+    assert isotonic_increasing(np.array([1.0, 3.0, 2.0, 4.0])).tolist() == [1.0, 2.5, 2.5, 4.0]
+    assert isotonic_increasing(np.array([3.0, 1.0, 2.0]), np.array([1.0, 3.0, 1.0])).tolist() == [1.5, 1.5, 2.0]
 
 
 def test_hop_tables_and_node_overhead_are_fitted_on_groups():
