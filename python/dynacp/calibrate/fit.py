@@ -358,7 +358,7 @@ def _search_overlap(g: _Groups, comm: np.ndarray) -> float:
         g.overlap = float(phi)
         err = _fit_abc(g, comm)[1]
         if err < best[0] - 1e-12:
-            best = (err, float(phi))
+            best = (err, float(phi) + 0.0)  # + 0.0: the grid's last point is -0.0
     return best[1]
 
 
@@ -479,7 +479,9 @@ def fit(profile: Union[Profile, str, Path], base: Any = None, *, name: str = "ca
     * ``"classic"``: ``T_compute = (eta a sum s^2 + b sum s) / d + c`` and phi = 1 (the extended coefficients of
       ``base`` are set to 0);
     * ``"extended"``: also ``kp sum eta s^1.5 / d + kl sum eta s log2 s + n (c_doc + c_hop (d - 1) + [d = 1]
-      c_solo)`` and, on a ``group`` table, phi in [0, 1] (docs/cost_model.md, "Extended form");
+      c_solo)`` and, on a ``group`` table, ``c_node (nodes(d) - 1)`` in the exchange and phi in [0, 1]
+      (docs/cost_model.md, "Extended form"); when the classic solution fits the groups better it is kept (it is
+      the extended form's with those terms 0);
     * ``"auto"`` (the default): ``extended`` when the table the compute terms are fitted on has enough points for it
       (:func:`choose_form`), else ``classic``; the choice and why are logged (INFO on the ``dynacp`` logger) and
       kept in ``FitResult.form`` / ``form_reason``.
@@ -491,7 +493,8 @@ def fit(profile: Union[Profile, str, Path], base: Any = None, *, name: str = "ca
         profile: a :class:`~dynacp.calibrate.fileformat.Profile` or the path of a profile file.
         base: the CostModel whose other fields (mask factors, memory) are kept (default ``dynacp.CostModel()``).
         name: the fitted model's ``name``.
-        cluster: where link values not in the profile come from (default ``dynacp.Cluster()``'s defaults).
+        cluster: where link values not in the profile come from, and the ranks per node when the profile's meta
+            has none (default ``dynacp.Cluster()``).
         form: ``"auto"``, ``"classic"`` or ``"extended"`` (above).
 
     Raises ValueError (naming the file and table) when a table has too few points to fit its term.
