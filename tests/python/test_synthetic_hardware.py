@@ -19,8 +19,14 @@ The hardware's own lower bound (:func:`hardware_bound`, valid for any plan that 
   faster than its slowest member alone, and every microbatch crosses all pipeline stages forward and back);
 * ``average``: a step S needs every group to take at most S (a group is never faster than any member alone, and a
   microbatch crosses all stages), so a sequence s runs on a degree d >= dmin(s) with ``T(s, d) <= S`` and costs at
-  least ``d u(s, d)`` rank-seconds, where ``u(s, d)`` is what one member of a ring of d ranks certainly adds (its
-  attention, linear work and document cost, and the 40 % of its exchange that cannot be hidden). With
+  least ``d u(s, d)`` rank-seconds, where ``u(s, d)`` is what one member of a ring of d ranks certainly adds: its
+  attention A_s, linear work and document cost, and ``e_s = max(0.4 C_s, C_s - 0.6 (A_s + H_s))`` of its exchange
+  C_s (its bytes over the faster link), H_s the most attention the other members of its ring can have (one
+  sequence of the ``d cap - s`` tokens of memory left: attention is superadditive in length). Valid because a
+  group's exposed exchange is ``C - 0.6 min(A, C) = max(0.4 C, C - 0.6 A)`` with C >= sum C_s and A = sum A_s, and
+  ``sum e_s`` is below it: if every member takes its first branch, ``sum 0.4 C_s <= 0.4 C``; if some member k takes
+  the second, ``sum e_s - (C - 0.6 A) <= 0.6 (A_L - H_k) - 0.6 C_L <= 0`` (L: the members on the first branch,
+  whose attention ``A_L <= H_k``). A long sequence that fills its ring's memory hides little of its exchange. With
   ``W(S) = sum_s min {d u(s, d) : d >= dmin(s), T(s, d) <= S}`` the ranks need
   ``S >= A(S) = (W(S) / P + c + (pp - 1) (c + doc)) / pp`` (pp = 1: ``W(S) / P + c``; pp > 1: the 1F1B fill of pp - 1
   microbatches of at least ``c + doc``). A(S) falls as S grows, so the least such S (bisection) bounds the step:
@@ -47,10 +53,12 @@ The hardware's own lower bound (:func:`hardware_bound`, valid for any plan that 
   which some partition of the k into blocks fits in P ranks (bisection; a partition that fits at S fits above it).
   It is what prices two giants that must share ranks with the rest placed around them;
 * ``minorant``: dynacp's own lower bound (all its terms) for a cost model that is below the true time for every
-  group (the full-efficiency attention, the same linear, group and document costs, the 2-rank hop latency, the same
-  bandwidths, no node cost, and the exchange fully hidden): any plan's true step time is at least its step time
-  under that model (group timeline and simulator are monotone in the group times), which is at least that model's
-  bound.
+  group (:meth:`Hardware.minorant`: the same linear, group and document costs, attention at full efficiency, the
+  hop latency as hop tables, exact since it is linear in the ring size, the same bandwidths, the node cost as
+  ``node_overhead`` on the least nodes a ring spans, and 60 % of the exchange hidden; T is increasing in the
+  attention and in the exchange, so each change only lowers it): any plan's true step time is at least its step
+  time under that model (group timeline and simulator are monotone in the group times), which is at least that
+  model's bound.
 
 Run with ``-s`` to see the table (numbers in docs/benchmarks.md):
 
@@ -129,15 +137,29 @@ class Hardware:
         return float(compute + comm - self.hidden * min(attn, comm))
 
     def member(self, s: int, d: int) -> float:
-        """u(s, d): seconds one member of length s certainly adds to a ring of d ranks (the cheaper link)."""
-        exposed = 0.0 if d == 1 else (1 - self.hidden) * (d - 1) / d * s * KV / (self.intra_bw if d <= RPN
-                                                                                   else self.inter_bw)
-        return float(self.attention([s], d)[0]) + self.linear * s / d + self.doc + exposed
+        """u(s, d): seconds one member of length s certainly adds to a ring of d ranks (module docstring,
+        ``average``): its attention A, linear work and document cost, and of its exchange C (bytes only, on the
+        faster link) at least ``max(0.4 C, C - 0.6 (A + H))``, H the most attention the ring's other members can
+        bring (one sequence filling the memory left, ``d cap - s`` tokens: attention is superadditive in length)."""
+        attn = float(self.attention([s], d)[0])
+        if d == 1:
+            return attn + self.linear * s + self.doc
+        exchange = (d - 1) / d * s * KV / (self.intra_bw if d <= RPN else self.inter_bw)
+        room = d * self.cap - s
+        others = float(self.attention([room], d)[0]) if room > 0 else 0.0
+        exposed = max((1 - self.hidden) * exchange, exchange - self.hidden * (attn + others))
+        return attn + self.linear * s / d + self.doc + exposed
 
     def minorant(self) -> tuple[_core.CostModel, _core.Cluster]:
-        """A dynacp model (and links) whose time is below :meth:`time` for every group (module docstring)."""
+        """A dynacp model (and links) whose time is below :meth:`time` for every group (module docstring): the
+        true function but for attention at full efficiency; the hop latency (linear in the ring size) as hop
+        tables, the node cost as ``node_overhead`` on the least nodes a ring spans, 60 % of the exchange hidden."""
+        top = self.hop_latency(P)
         cost = dynacp.CostModel(name="minorant", attn_coef=self.attn, linear_coef=self.linear,
-                                group_overhead=self.group, doc_overhead=self.doc, kv_bytes_per_token=KV)
+                                group_overhead=self.group, doc_overhead=self.doc, kv_bytes_per_token=KV,
+                                comm_overlap=self.hidden, node_overhead=self.node_cost,
+                                intra_node_hops=[[2, self.latency, self.intra_bw], [P, top, self.intra_bw]],
+                                inter_node_hops=[[2, self.latency, self.inter_bw], [P, top, self.inter_bw]])
         cluster = dynacp.Cluster(num_ranks=P, ranks_per_node=RPN, tokens_per_rank=self.cap,
                                  intra_node_latency=self.latency, inter_node_latency=self.latency,
                                  intra_node_bandwidth=self.intra_bw, inter_node_bandwidth=self.inter_bw)
@@ -427,6 +449,8 @@ def test_true_function_is_above_its_minorant():
         for nodes in {math.ceil(d / RPN), min(P // RPN, math.ceil(d / RPN) + 1)}:
             model = cost.time(lengths.tolist(), d, cluster, crosses_nodes=nodes > 1)
             assert model <= hw.time(lengths, d, nodes) * (1 + 1e-12)
+        a, b = (int(x) for x in rng.integers(1, hw.cap * d, 2))  # attention is superadditive (Hardware.member)
+        assert float(hw.attention([a], d)[0] + hw.attention([b], d)[0]) <= float(hw.attention([a + b], d)[0])
 
 
 @pytest.fixture(scope="module", params=CAPS, ids=lambda cap: f"{cap}-tokens-per-rank")
