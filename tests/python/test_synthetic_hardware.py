@@ -523,5 +523,5 @@ def test_calibrated_plans_are_near_the_hardware_bound(calibrated, pp):
           f"{summary['default'][1]:.1f} %")
     print(f"cap {hw.cap} pp {pp}: calibrated model's step time vs the true one: max error {100 * max(priced):.2f} %")
     assert max(priced) <= 0.01
-    assert np.mean(gaps["calibrated"]) <= 0.05
-    assert np.max(gaps["calibrated"]) <= 0.10
+    assert np.mean(gaps["calibrated"]) <= 0.04  # measured 3.5 % at most per setting (2.25 % over all 24 plans)
+    assert np.max(gaps["calibrated"]) <= 0.07   # measured 6.2 %
