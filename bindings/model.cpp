@@ -60,10 +60,27 @@ void bind_model(py::module_& m) {
            "c_solo: seconds per sequence of a group on one rank (d = 1)")
       .add("comm_overlap", &CostModel::comm_overlap,
            "phi: share of min(attention, exchange) hidden behind attention, in [0, 1] (1 = classic form)")
+      .add("node_overhead", &CostModel::node_overhead,
+           "c_node: seconds per extra node a ring spans, part of the exchange (extended form; 0 = classic)")
+      .add("intra_node_hops", &CostModel::intra_node_hops,
+           "hop table of the intra-node link: [[ring size, latency s, bandwidth B/s], ...] in increasing ring size, "
+           "latency non-decreasing, bandwidth non-increasing; interpolated in the ring size, clamped outside; "
+           "[] = Cluster.intra_node_latency / intra_node_bandwidth on every ring (assign a whole list)")
+      .add("inter_node_hops", &CostModel::inter_node_hops,
+           "hop table of rings spanning nodes (as intra_node_hops; [] = Cluster.inter_node_latency / "
+           "inter_node_bandwidth)")
       .done();
   cost.def_property_readonly("extended", &CostModel::extended,
                              "True when a per-document (extended-form) coefficient is non-zero.");
+  cost.def_property_readonly("has_hop_tables", &CostModel::has_hop_tables,
+                             "True when intra_node_hops or inter_node_hops has points.");
   cost.def("validate", &CostModel::validate, "Raise ValueError naming the first bad coefficient.")
+      .def("hop_latency", &CostModel::hop_latency, py::arg("d"), py::arg("crosses_nodes"), py::arg("cluster"),
+           "Seconds per hop of a ring of d ranks (the hop table's value, else the Cluster's).")
+      .def_static("nodes_spanned", &CostModel::nodes_spanned, py::arg("d"), py::arg("crosses_nodes"),
+                  py::arg("cluster"), "The least nodes a ring of d ranks spans (1 inside a node).")
+      .def("hop_bandwidth", &CostModel::hop_bandwidth, py::arg("d"), py::arg("crosses_nodes"), py::arg("cluster"),
+           "Bytes/s of one hop of a ring of d ranks (the hop table's value, else the Cluster's).")
       .def("token_capacity", &CostModel::token_capacity, py::arg("cluster"), "Tokens one rank can hold.")
       .def(
           "min_degree",

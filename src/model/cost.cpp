@@ -38,9 +38,51 @@ void CostModel::validate() const {
   check("doc_hop_overhead", doc_hop_overhead);
   check("doc_solo_overhead", doc_solo_overhead);
   check("comm_overlap", comm_overlap);
+  check("node_overhead", node_overhead);
   if (comm_overlap > 1)
     invalid("CostModel.comm_overlap is ", comm_overlap, "; it is the share of the exchange hidden, in [0, 1]");
   if (!(mem_per_token > 0)) invalid("CostModel.mem_per_token is ", mem_per_token, "; it must be > 0");
+  validate_hops("intra_node_hops", intra_node_hops);
+  validate_hops("inter_node_hops", inter_node_hops);
+}
+
+void CostModel::validate_hops(const char* field, const std::vector<HopPoint>& table) {
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    const auto [size, lat, bw] = table[i];
+    if (!(std::isfinite(size) && size >= 2 && size == std::floor(size)))
+      invalid("CostModel.", field, "[", i, "] has ring size ", size, "; ring sizes are integers >= 2");
+    if (!(std::isfinite(lat) && lat >= 0))
+      invalid("CostModel.", field, "[", i, "] has latency ", lat, " s; it must be finite and >= 0");
+    if (!(std::isfinite(bw) && bw > 0))
+      invalid("CostModel.", field, "[", i, "] has bandwidth ", bw, " B/s; it must be finite and > 0");
+    if (i == 0) continue;
+    const auto& prev = table[i - 1];
+    if (!(size > prev[0]))
+      invalid("CostModel.", field, "[", i, "] has ring size ", size, " after ", prev[0],
+              "; the points must be in increasing ring size");
+    if (lat < prev[1] || bw > prev[2])
+      invalid("CostModel.", field, "[", i, "] (ring size ", size, ": ", lat, " s, ", bw, " B/s) is faster than the ",
+              "smaller ring before it (", prev[0], ": ", prev[1], " s, ", prev[2],
+              " B/s); the latency must not fall and the bandwidth must not rise with the ring size");
+  }
+}
+
+double CostModel::hop_lookup(const std::vector<HopPoint>& table, int d, int col) {
+  auto value = [col](const HopPoint& p) { return col == 1 ? p[1] : 1.0 / p[2]; };
+  const double x = d;
+  if (x <= table.front()[0]) return value(table.front());
+  if (x >= table.back()[0]) return value(table.back());
+  const auto hi = std::upper_bound(table.begin(), table.end(), x, [](double v, const HopPoint& p) { return v < p[0]; });
+  const auto lo = hi - 1;
+  const double w = (x - (*lo)[0]) / ((*hi)[0] - (*lo)[0]);
+  return value(*lo) + w * (value(*hi) - value(*lo));
+}
+
+bool CostModel::crossing_can_be_faster(const Cluster& c) const {
+  for (int d = 2; d <= c.ranks_per_node; ++d)
+    if (hop_latency(d, true, c) < hop_latency(d, false, c) || hop_bandwidth(d, true, c) > hop_bandwidth(d, false, c))
+      return true;
+  return false;
 }
 
 std::int64_t CostModel::token_capacity(const Cluster& cluster) const {
@@ -78,7 +120,7 @@ std::array<int, 2> CostModel::piece_minima(const GroupStats& g, int dmin, const 
   const int P = c.num_ranks, rpn = c.ranks_per_node;
   const int lo[2] = {dmin, std::max(dmin, rpn + 1)}, hi[2] = {std::min(rpn, P), P};
   std::array<int, 2> arg{0, 0};
-  const bool scan = extended();  // T need not be unimodal in d: scan every degree (docs/cost_model.md)
+  const bool scan = extended() || has_hop_tables();  // T need not be unimodal in d: scan (docs/cost_model.md)
   for (int k = 0; k < 2; ++k) {
     int a = lo[k], z = hi[k];
     if (a > z) continue;
@@ -115,16 +157,28 @@ double CostModel::work(std::int64_t len, Mask mask) const {
   return classic + eta(mask) * (attn_pow_coef * s * std::sqrt(s) + attn_log_coef * s * std::log2(s)) + doc_overhead;
 }
 
+namespace {
+std::string hops_text(const std::vector<HopPoint>& table) {
+  std::string out = "[";
+  for (const auto& p : table) out += detail::cat(out.size() > 1 ? ", " : "", "(", p[0], ", ", p[1], ", ", p[2], ")");
+  return out + "]";
+}
+}  // namespace
+
 std::string CostModel::describe() const {
-  return detail::cat(
-      "CostModel(name='", name, "', attn_coef=", attn_coef, ", linear_coef=", linear_coef,
-      ", group_overhead=", group_overhead, ", causal_factor=", causal_factor, ", full_factor=", full_factor,
-      ", kv_bytes_per_token=", kv_bytes_per_token, ", mem_per_token=", mem_per_token, ", mem_static=", mem_static,
-      extended() ? detail::cat(", attn_pow_coef=", attn_pow_coef, ", attn_log_coef=", attn_log_coef,
-                               ", doc_overhead=", doc_overhead, ", doc_hop_overhead=", doc_hop_overhead,
-                               ", doc_solo_overhead=", doc_solo_overhead, ", comm_overlap=", comm_overlap)
-                 : std::string(),
-      ")");
+  return detail::cat("CostModel(name='", name, "', attn_coef=", attn_coef, ", linear_coef=", linear_coef,
+                     ", group_overhead=", group_overhead, ", causal_factor=", causal_factor,
+                     ", full_factor=", full_factor, ", kv_bytes_per_token=", kv_bytes_per_token,
+                     ", mem_per_token=", mem_per_token, ", mem_static=", mem_static,
+                     extended() ? detail::cat(", attn_pow_coef=", attn_pow_coef, ", attn_log_coef=", attn_log_coef,
+                                              ", doc_overhead=", doc_overhead, ", doc_hop_overhead=", doc_hop_overhead,
+                                              ", doc_solo_overhead=", doc_solo_overhead,
+                                              ", comm_overlap=", comm_overlap, ", node_overhead=", node_overhead)
+                                : std::string(),
+                     has_hop_tables() ? detail::cat(", intra_node_hops=", hops_text(intra_node_hops),
+                                                    ", inter_node_hops=", hops_text(inter_node_hops))
+                                      : std::string(),
+                     ")");
 }
 
 GroupStats group_stats(const Batch& batch, const CostModel& cost, std::span<const std::int64_t> ids) {

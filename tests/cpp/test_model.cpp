@@ -35,6 +35,17 @@ CostModel unit_cost() {
   m.mem_static = 0.0;
   return m;
 }
+// piece_minima of h from degree 1 equals a brute-force scan of each piece (ties: the smaller degree).
+void expect_scanned_minima(const CostModel& m, const GroupStats& h, const Cluster& c) {
+  const auto arg = m.piece_minima(h, 1, c);
+  for (int k = 0; k < 2; ++k) {
+    const int lo = k == 0 ? 1 : c.ranks_per_node + 1, hi = k == 0 ? c.ranks_per_node : c.num_ranks;
+    int want = lo;
+    for (int d = lo + 1; d <= hi; ++d)
+      if (m.time(h, d, c) < m.time(h, want, c)) want = d;
+    EXPECT_EQ(arg[static_cast<std::size_t>(k)], want);
+  }
+}
 }  // namespace
 
 TEST(CostModel, HandComputedTimes) {
@@ -127,16 +138,72 @@ TEST(CostModel, ExtendedFormTermsAndScannedMinima) {
     m.comm_overlap = std::uniform_real_distribution<double>(0, 1)(rng);
     GroupStats h;
     h.add(1 + static_cast<std::int64_t>(rng() % 700), 0.5);
-    const auto arg = m.piece_minima(h, 1, c);
-    for (int k = 0; k < 2; ++k) {
-      const int lo = k == 0 ? 1 : c.ranks_per_node + 1, hi = k == 0 ? c.ranks_per_node : c.num_ranks;
-      int want = lo;
-      for (int d = lo + 1; d <= hi; ++d)
-        if (m.time(h, d, c) < m.time(h, want, c)) want = d;
-      EXPECT_EQ(arg[static_cast<std::size_t>(k)], want);
-    }
+    expect_scanned_minima(m, h, c);
   }
   m.comm_overlap = 1.5;
+  EXPECT_THROW(m.validate(), InvalidArgument);
+}
+
+// Hop tables: latency and 1/bandwidth interpolated linearly in the ring size between points, clamped outside; an
+// empty table reads the Cluster; validate() names a point that is out of order or faster than a smaller ring.
+TEST(CostModel, HopTablesInterpolateClampAndValidate) {
+  const Cluster c = small_cluster();
+  CostModel m = unit_cost();
+  GroupStats g;
+  g.add(40, 1.0);
+  const double before = m.comm_time(g, 3, false, c);
+  m.inter_node_hops = {{2.0, 1.0, 20.0}, {6.0, 5.0, 5.0}};
+  EXPECT_TRUE(m.has_hop_tables());
+  EXPECT_EQ(m.comm_time(g, 3, false, c), before);  // the intra-node link has no table: the Cluster's fields
+  EXPECT_DOUBLE_EQ(m.hop_latency(2, true, c), 1.0);
+  EXPECT_DOUBLE_EQ(m.hop_latency(4, true, c), 3.0);            // half way from 2 to 6
+  EXPECT_DOUBLE_EQ(1.0 / m.hop_bandwidth(4, true, c), 0.125);  // 1/bw half way from 1/20 to 1/5
+  EXPECT_DOUBLE_EQ(m.hop_latency(8, true, c), 5.0);            // clamped above the last point
+  EXPECT_DOUBLE_EQ(m.hop_bandwidth(1, true, c), 20.0);         // and below the first
+  // d = 4 across nodes: 3 hops of (3 + 10 tokens * 2 B * 0.125 s/B) = 3 * 5.5
+  EXPECT_DOUBLE_EQ(m.comm_time(g, 4, true, c), 16.5);
+  m.validate();
+  m.inter_node_hops = {{4.0, 1.0, 20.0}, {2.0, 2.0, 10.0}};
+  EXPECT_THROW(m.validate(), InvalidArgument);  // not in increasing size
+  m.inter_node_hops = {{2.0, 2.0, 20.0}, {4.0, 1.0, 10.0}};
+  EXPECT_THROW(m.validate(), InvalidArgument);  // latency falls with the size
+  m.inter_node_hops = {{2.0, 1.0, 10.0}, {4.0, 1.0, 20.0}};
+  EXPECT_THROW(m.validate(), InvalidArgument);  // bandwidth rises with the size
+  m.inter_node_hops = {{1.5, 1.0, 10.0}};
+  EXPECT_THROW(m.validate(), InvalidArgument);  // not an integer ring size >= 2
+  m.inter_node_hops = {{2.0, 1.0, 0.0}};
+  EXPECT_THROW(m.validate(), InvalidArgument);  // bandwidth must be > 0
+  // with a table, piece_minima scans: compare with a brute-force scan over a table that makes T non-unimodal
+  m.inter_node_hops = {{5.0, 0.0, 1e9}, {6.0, 400.0, 1e9}, {8.0, 400.0, 1e9}};
+  m.intra_node_hops = {{2.0, 0.0, 1e9}, {3.0, 300.0, 1e9}};
+  std::mt19937_64 rng(9);
+  for (int it = 0; it < 100; ++it) {
+    GroupStats h;
+    h.add(1 + static_cast<std::int64_t>(rng() % 900), 0.5);
+    expect_scanned_minima(m, h, c);
+  }
+}
+
+// node_overhead: c_node per extra node a ring spans, inside T_comm (so the overlap hides part of it).
+TEST(CostModel, NodeOverheadIsPaidPerExtraNodeInsideTheExchange) {
+  const Cluster c = small_cluster();  // 4 ranks per node
+  CostModel m = unit_cost();
+  m.attn_coef = 1e-6;  // the exchange is exposed
+  GroupStats g;
+  g.add(40, 1.0);
+  const double base3 = m.comm_time(g, 3, true, c), base8 = m.comm_time(g, 8, true, c);
+  m.node_overhead = 7.0;
+  EXPECT_TRUE(m.extended());
+  EXPECT_EQ(CostModel::nodes_spanned(3, false, c), 1);
+  EXPECT_EQ(CostModel::nodes_spanned(3, true, c), 2);  // a small ring across a node boundary spans 2
+  EXPECT_EQ(CostModel::nodes_spanned(8, true, c), 2);
+  EXPECT_EQ(CostModel::nodes_spanned(9, true, c), 3);
+  EXPECT_DOUBLE_EQ(m.comm_time(g, 3, false, c), unit_cost().comm_time(g, 3, false, c));  // inside a node: none
+  EXPECT_DOUBLE_EQ(m.comm_time(g, 3, true, c), base3 + 7.0);
+  EXPECT_DOUBLE_EQ(m.comm_time(g, 8, true, c), base8 + 7.0);
+  m.comm_overlap = 0.5;
+  EXPECT_DOUBLE_EQ(m.time(g, 8, true, c), m.compute_time(g, 8) + (base8 + 7.0) - 0.5 * m.attn_time(g, 8));
+  m.node_overhead = -1.0;
   EXPECT_THROW(m.validate(), InvalidArgument);
 }
 

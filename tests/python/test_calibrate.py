@@ -15,7 +15,7 @@ import pytest
 
 import dynacp
 from dynacp import calibrate
-from dynacp.calibrate.fileformat import COLUMNS, PRESET_VERSION, Profile, save_preset
+from dynacp.calibrate.fileformat import COLUMNS, HOP_FIELDS, PRESET_VERSION, Profile, save_preset
 from dynacp.calibrate.online import GroupRecord, RefitOptions, merge_records, refit
 from dynacp.cli import main
 
@@ -197,7 +197,7 @@ def test_columns_are_documented():
 def test_distca_import_and_fit_reproduce_todays_attention_error():
     prof = calibrate.import_distca(PROFILES)
     assert len(prof.tables["attention"]) == 44 and prof.meta["step_factor"] == 3.0
-    result = calibrate.fit(prof)
+    result = calibrate.fit(prof, form="classic")  # the classic form (auto picks extended for these 44 rows)
     att = next(t for t in result.terms if t.term == "attention")
     assert att.max == pytest.approx(0.409, abs=0.005)   # the 41 % of the issue: the current form's limit
     assert result.links["intra_node_bandwidth"] > 1e10
@@ -373,23 +373,27 @@ def test_extended_fields_are_validated():
 
 
 def test_preset_versions(tmp_path):
-    """Version 2 round-trips the extended form; version 1 files still load (classic form); a version 1 file that
-    names a version 2 field, or any other version, is rejected naming the file and field."""
+    """Version 3 (2 before the hop tables) round-trips the extended form; version 2 and 1 files still load (the
+    extended and the classic form); a version 1 file that names a version 2 field, or any other version, is rejected
+    naming the file and field."""
     path = tmp_path / "preset.json"
     save_preset(path, dynacp.CostModel(**EXTENDED))
     data = json.loads(path.read_text())
-    assert data["version"] == PRESET_VERSION == 2
+    assert data["version"] == PRESET_VERSION == 3
     assert dynacp.CostModel.load(path).to_dict() == dynacp.CostModel(**EXTENDED).to_dict()
-    old = dict(data, version=1, cost={k: v for k, v in data["cost"].items() if k not in EXTENDED})
+    v2 = dict(data, version=2, cost={k: v for k, v in data["cost"].items() if k not in HOP_FIELDS})
+    path.write_text(json.dumps(v2))
+    assert dynacp.CostModel.load(path).to_dict() == dynacp.CostModel(**EXTENDED).to_dict()
+    old = dict(data, version=1, cost={k: v for k, v in v2["cost"].items() if k not in EXTENDED})
     path.write_text(json.dumps(old))
     assert not dynacp.CostModel.load(path).extended
     old["cost"]["doc_overhead"] = 1e-4
     path.write_text(json.dumps(old))
     with pytest.raises(ValueError, match=r"preset\.json: field 'cost\.doc_overhead' needs preset version 2"):
         dynacp.CostModel.load(path)
-    for bad in (3, 0, "2", None):
+    for bad in (4, 0, "2", None):
         path.write_text(json.dumps(dict(data, version=bad)))
-        with pytest.raises(ValueError, match=r"preset\.json: field 'version' is .*reads cost presets of version 1 or 2"):
+        with pytest.raises(ValueError, match=r"preset\.json: field 'version' is .*reads cost presets of version 1, 2 or 3"):
             dynacp.CostModel.load(path)
 
 
@@ -401,7 +405,7 @@ def test_extended_fit_recovers_an_extended_model():
                 doc_overhead=1e-4, comm_overlap=0.5)
     prof = synthetic_profile(true)
     ext = calibrate.fit(prof, form="extended")
-    classic = calibrate.fit(prof)
+    classic = calibrate.fit(prof, form="classic")
     g_ext = next(t for t in ext.terms if t.term == "group")
     g_classic = next(t for t in classic.terms if t.term == "group")
     assert g_ext.rms < 0.03 and g_ext.rms < g_classic.rms / 2 and g_ext.max < g_classic.max
@@ -451,7 +455,7 @@ def test_distca_fit_writes_an_extended_preset(tmp_path):
     out = tmp_path / "h100.json"
     assert main(["calibrate", "fit", "--distca", str(PROFILES), "--out", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert data["version"] == 2
+    assert data["version"] == PRESET_VERSION and data["fit"]["form"] == "extended"
     cost = dynacp.CostModel.load(out)
     assert cost.extended and cost.doc_overhead > 0
     att = next(t for t in data["fit"]["terms"] if t["term"] == "attention")
@@ -459,3 +463,166 @@ def test_distca_fit_writes_an_extended_preset(tmp_path):
     lengths = [64] * 400 + [40000] * 4
     plan = dynacp.plan(lengths, dynacp.Cluster(num_ranks=16, ranks_per_node=8), cost)
     assert plan.predicted.step_time >= plan.predicted.lower_bound
+
+
+# -- issue 37: hop tables, node overhead, the form, cluster=, spread, the format docs ---------------------------------
+
+def _hop_rows(latency, bandwidth, sizes, crosses, noise=0.0, seed=0):
+    """p2p rows: one hop of every message size on rings of ``sizes``, latency(size) and bandwidth(size) given."""
+    rng = np.random.default_rng(seed)
+    return [{"group_size": s, "crosses_nodes": crosses, "bytes": float(b),
+             "seconds": (latency(s) + b / bandwidth(s)) * (1 + noise * rng.uniform(-1, 1)), "spread": 0.0}
+            for s in sizes for b in (1e3, 1e5, 1e7)]
+
+
+def test_hop_tables_are_fitted_per_ring_size_and_monotone():
+    """The p2p table's group_size: per link kind and ring size a latency and bandwidth, exact on exact data, made
+    monotone in the size (here a noisy 8-rank ring measured faster than the 4-rank one is pooled with it); the model
+    reads them through CostModel.hop_latency, interpolated between sizes. One ring size: no table (as before)."""
+    lat = lambda s: 1e-5 * (1 + 0.1 * (s - 2))  # noqa: E731
+    rows = _hop_rows(lat, lambda s: 1e11 / (1 + 0.05 * s), (2, 4, 8), False)
+    rows += _hop_rows(lambda s: 3e-5 + 1e-6 * s, lambda s: 2e10, (16, 32), True)
+    prof = Profile(tables={"group": synthetic_profile().tables["group"], "p2p": rows}, source="hops")
+    cost = calibrate.fit(prof, form="classic").cost
+    assert [p[0] for p in cost.intra_node_hops] == [2, 4, 8] and [p[0] for p in cost.inter_node_hops] == [16, 32]
+    for s, lat_s, bw_s in cost.intra_node_hops:
+        assert lat_s == pytest.approx(lat(s), rel=1e-6) and bw_s == pytest.approx(1e11 / (1 + 0.05 * s), rel=1e-6)
+    cl = dynacp.Cluster()
+    assert cost.hop_latency(3, False, cl) == pytest.approx((lat(2) + lat(4)) / 2, rel=1e-6)
+    assert cost.hop_latency(64, True, cl) == pytest.approx(3e-5 + 32e-6, rel=1e-6)  # clamped at the largest ring
+    # a larger ring measured faster: pooled into one value, and noted
+    bad = [dict(r, seconds=r["seconds"] * (0.5 if r["group_size"] == 8 else 1.0)) for r in rows]
+    res = calibrate.fit(Profile(tables={"group": prof.tables["group"], "p2p": bad}, source="b"), form="classic")
+    hops = res.cost.intra_node_hops
+    assert all(b[1] >= a[1] and b[2] <= a[2] for a, b in zip(hops, hops[1:]))
+    assert hops[1][1:] == pytest.approx(hops[2][1:]) and any("monotone" in n for n in res.notes)
+    res.cost.validate()
+    assert not calibrate.fit(synthetic_profile(), form="classic").cost.has_hop_tables  # one ring size
+    from dynacp.calibrate.lsq import isotonic_increasing
+
+    assert isotonic_increasing(np.array([1.0, 3.0, 2.0, 4.0])).tolist() == [1.0, 2.5, 2.5, 4.0]
+    assert isotonic_increasing(np.array([3.0, 1.0, 2.0]), np.array([1.0, 3.0, 1.0])).tolist() == [1.5, 1.5, 2.0]
+
+
+def test_hop_tables_and_node_overhead_are_fitted_on_groups():
+    """Groups priced by a model with hop tables and a node overhead (rings across nodes of 4 ranks) are fitted back
+    exactly by the extended form: the node overhead is a column of the exchange."""
+    truth = dynacp.CostModel(**TRUE, node_overhead=3e-3, comm_overlap=0.5,
+                             intra_node_hops=[[2, 2e-5, 5e9], [4, 4e-5, 4e9]], inter_node_hops=[[8, 1e-4, 1e9],
+                                                                                                 [16, 2e-4, 1e9]])
+    cluster = dynacp.Cluster(num_ranks=16, ranks_per_node=4)
+    groups = []
+    for d, crosses in ((1, False), (2, False), (4, False), (2, True), (8, True), (16, True)):
+        for lengths in ([512], [2048], [8192], [16384], [256] * 16, [128] * 64, [4096, 1024, 64], [64, 64]):
+            t = truth.time(lengths, d, cluster, crosses_nodes=crosses)
+            groups.append({"lengths": lengths, "degree": d, "mask": "causal", "crosses_nodes": crosses, "seconds": t,
+                           "spread": 0.0})
+    p2p = []
+    for key, crosses in (("intra_node_hops", False), ("inter_node_hops", True)):
+        for s, lat, bw in getattr(truth, key):
+            p2p += _hop_rows(lambda _s, lat=lat: lat, lambda _s, bw=bw: bw, (int(s),), crosses)
+    prof = Profile(meta={"ranks_per_node": 4, "kv_bytes_per_token": TRUE["kv_bytes_per_token"]},
+                   tables={"group": groups, "p2p": p2p}, source="nodes")
+    res = calibrate.fit(prof)
+    assert res.form == "extended"
+    assert res.cost.node_overhead == pytest.approx(3e-3, rel=1e-3)
+    assert np.allclose(res.cost.intra_node_hops, truth.intra_node_hops, rtol=1e-6)
+    assert np.allclose(res.cost.inter_node_hops, truth.inter_node_hops, rtol=1e-6)
+    assert res.terms[0].term == "group" and res.terms[0].max < 1e-3
+
+
+def test_auto_form_picks_extended_with_enough_points_and_says_why(caplog):
+    prof = synthetic_profile()
+    small = Profile(meta=prof.meta, tables={"group": prof.tables["group"][::4], "p2p": prof.tables["p2p"]},
+                    source="small")
+    with caplog.at_level(logging.INFO, logger="dynacp"):
+        few = calibrate.fit(small)
+        many = calibrate.fit(prof)
+    assert few.form == "classic" and not few.cost.extended
+    assert "table 'group' has 14 rows" in few.form_reason and "at least 27 rows" in few.form_reason
+    assert many.form == "extended" and "form auto -> extended: table 'group' has 56 rows" in many.form_reason
+    assert "form auto -> classic" in caplog.text and "form auto -> extended" in caplog.text
+    assert f"form: extended ({many.form_reason})" in many.format()
+    assert many.report_dict()["form"] == "extended"
+    assert calibrate.fit(prof, form="classic").form == "classic"
+    assert calibrate.fit(small, form="extended").form_reason == "form extended (asked for)"
+    att = calibrate.import_distca(PROFILES) if PROFILES.is_dir() else None
+    if att is not None:  # 44 attention rows of 44 shapes: extended
+        assert calibrate.fit(att).form == "extended"
+
+
+def test_fit_to_file_passes_the_cluster_through(tmp_path):
+    """A profile without a p2p table is fitted against the links of ``cluster=``: with the links the groups were
+    measured on, the fit is exact; with the default Cluster's links it is not."""
+    links = {"intra_node_latency": 3e-3, "intra_node_bandwidth": 2e8}
+    prof = synthetic_profile(links=links)
+    prof.tables.pop("p2p")
+    cluster = dynacp.Cluster(num_ranks=8, ranks_per_node=8, **links)
+    right = calibrate.fit_to_file(prof, tmp_path / "a.json", cluster=cluster, form="classic")
+    wrong = calibrate.fit_to_file(prof, tmp_path / "b.json", form="classic")
+    assert right.terms[0].max < 1e-6 < wrong.terms[0].max
+    assert right.cost.attn_coef == pytest.approx(TRUE["attn_coef"], rel=1e-6)
+    assert dynacp.CostModel.load(tmp_path / "a.json").to_dict() == right.cost.to_dict()
+
+
+def test_spread_is_reported_beside_the_error_and_does_not_weight_the_fit():
+    """Issue 37's decision: the fit does not depend on the rows' spreads (the same coefficients whatever they are),
+    and the report gives each term's noise: the median spread of its table."""
+    prof = synthetic_profile(noise=0.05, seed=2)
+    rng = np.random.default_rng(4)
+    other = Profile(meta=prof.meta, tables={k: [dict(r, spread=float(rng.uniform(0, 2))) for r in rows]
+                                            for k, rows in prof.tables.items()}, source="other spreads")
+    a, b = calibrate.fit(prof, form="classic"), calibrate.fit(other, form="classic")
+    assert a.cost.to_dict() | {"source": ""} == b.cost.to_dict() | {"source": ""}
+    group = next(t for t in b.terms if t.term == "group")
+    assert group.noise == pytest.approx(float(np.median([r["spread"] for r in other.tables["group"]])))
+    assert next(t for t in a.terms if t.term == "group").noise == 0.0
+    assert f"{100 * group.noise:.1f}%" in b.format().splitlines()[[ln.startswith("group ") for ln in
+                                                                   b.format().splitlines()].index(True)]
+
+
+def test_every_field_the_readers_accept_is_documented():
+    """docs/calibration.md documents the profile (top level, meta, every table and column) and the cost preset (top
+    level, every CostModel field, every link field)."""
+    from dynacp.calibrate.fileformat import LINK_FIELDS, META_KEYS, PRESET_FIELDS, PROFILE_FIELDS
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "calibration.md").read_text()
+    section = doc[doc.index("## The profile file, table by table"):doc.index("## The fit and its report")]
+    for f in PROFILE_FIELDS + META_KEYS:
+        assert f"`{f}`" in section, f
+    for table, cols in COLUMNS.items():
+        rows = [line for line in section.splitlines() if line.startswith(f"| `{table}` |")]
+        assert rows, table
+        block = section[section.index(rows[0]):]
+        block = block[:min([block.index(f"| `{t}` |") for t in COLUMNS if t != table and f"| `{t}` |" in block
+                            and block.index(f"| `{t}` |") > 0] + [len(block)])]
+        for c in cols:
+            assert f"`{c}`" in block, (table, c)
+    preset = doc[doc.index("### The cost preset file"):]
+    for f in PRESET_FIELDS + LINK_FIELDS + tuple(dynacp.CostModel()._fields):
+        assert f"`{f}`" in preset, f
+
+
+def test_preset_version_3_round_trips_hop_tables_and_node_overhead(tmp_path):
+    path = tmp_path / "preset.json"
+    cost = dynacp.CostModel(node_overhead=1e-3, intra_node_hops=[[2, 1e-5, 1e11], [8, 2e-5, 5e10]])
+    save_preset(path, cost)
+    data = json.loads(path.read_text())
+    assert data["version"] == 3 and data["cost"]["intra_node_hops"] == [[2.0, 1e-5, 1e11], [8.0, 2e-5, 5e10]]
+    assert dynacp.CostModel.load(path).to_dict() == cost.to_dict()
+    old = dict(data, version=2, cost={k: v for k, v in data["cost"].items() if not k.endswith("_hops")})
+    path.write_text(json.dumps(old))
+    with pytest.raises(ValueError, match=r"field 'cost\.node_overhead' needs preset version 3"):
+        dynacp.CostModel.load(path)
+    old["cost"].pop("node_overhead")
+    path.write_text(json.dumps(old))
+    assert not dynacp.CostModel.load(path).has_hop_tables
+    bad = dict(data)
+    bad["cost"] = dict(data["cost"], intra_node_hops=[[8, 1e-5, 1e11], [2, 2e-5, 5e10]])
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"preset\.json: CostModel\.intra_node_hops\[1\]"):
+        dynacp.CostModel.load(path)
+    bad["cost"]["intra_node_hops"] = [[2, 1e-5]]
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"field 'cost\.intra_node_hops'\[0\]: expected \[ring size"):
+        dynacp.CostModel.load(path)

@@ -50,3 +50,18 @@ def test_time_is_monotone_in_tokens_and_mask() -> None:
     # packed sequences pay sum s^2, not (sum s)^2
     assert cost.time([4096, 4096], 1, cluster) < cost.time([8192], 1, cluster)
     assert cost.time([8192], 9, cluster) > cost.time([8192], 9, cluster, crosses_nodes=False)
+
+
+def test_hop_tables_default_to_the_clusters_links() -> None:
+    """Without hop tables every ring reads the Cluster's link fields (the classic T_comm); with one, the table's value
+    at the ring size, and T changes only on that link."""
+    cluster = dynacp.Cluster(num_ranks=16, ranks_per_node=8)
+    cost = dynacp.CostModel()
+    assert not cost.has_hop_tables and cost.intra_node_hops == [] and cost.node_overhead == 0.0
+    for d in (2, 5, 8, 16):
+        assert cost.hop_latency(d, False, cluster) == cluster.intra_node_latency
+        assert cost.hop_bandwidth(d, True, cluster) == cluster.inter_node_bandwidth
+    slow = dynacp.CostModel(inter_node_hops=[[16, 1e-3, 1e9]])
+    lengths = [4096, 1000]
+    assert slow.time(lengths, 8, cluster) == cost.time(lengths, 8, cluster)  # inside a node: unchanged
+    assert slow.time(lengths, 16, cluster) > cost.time(lengths, 16, cluster)

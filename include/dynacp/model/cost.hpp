@@ -7,8 +7,11 @@
 //               + n * (c_doc + c_hop (d - 1) + [d = 1] c_solo)    attention and per-document terms, n = count;
 //                                                                  all 0 in the presets: the classic form)
 //   T_attn    = eta * a * sum s^2 / d                          (the part the ring exchange overlaps with)
-//   T_comm    = (d - 1) * (latency + (sum s / d) * kv_bytes_per_token / bandwidth),   0 when d = 1
-//               latency/bandwidth are intra-node when all d ranks share a node, inter-node otherwise
+//   T_comm    = (d - 1) * (latency(d) + (sum s / d) * kv_bytes_per_token / bandwidth(d))     0 when d = 1
+//               + c_node * (nodes(d) - 1)     (nodes(d): the least nodes the ring spans; c_node 0 in the presets)
+//               latency/bandwidth are intra-node when all d ranks share a node, inter-node otherwise; per ring
+//               size d from the link's hop table (intra_node_hops / inter_node_hops) when it has points, else the
+//               Cluster's fields (the same on every d: the classic form)
 //   M(G,d)   = m * R(G,d) + static                             must be <= Cluster::activation_budget
 //   R(G,d)   = sum_i k * ceil(s_i / (k d))                      rows per rank after the runtime's padding
 //               (k = Cluster::seq_pad_multiple); plans keep R(G,d) <= token_capacity on every group
@@ -28,6 +31,10 @@
 namespace dynacp {
 
 struct Group;
+
+/// One point of a ring-size hop table (CostModel::intra_node_hops / inter_node_hops): {ring size in ranks, seconds
+/// of latency per hop, bytes/s of one hop} measured on rings of that size (the profile's p2p table).
+using HopPoint = std::array<double, 3>;
 
 /// Aggregate statistics of a group of sequences: all the cost model needs.
 struct GroupStats {
@@ -73,14 +80,48 @@ struct CostModel {
   double doc_solo_overhead = 0.0;  ///< c_solo: seconds per sequence of a group run on one rank (d = 1)
   /// phi: the share of min(T_attn, T_comm) that attention hides, in [0, 1]; 1 (fully hidden) is the classic form.
   double comm_overlap = 1.0;
+  /// c_node: seconds per extra node a ring spans, part of T_comm (nodes_spanned(d) - 1 of them; the extended form).
+  double node_overhead = 0.0;
+  /// Hop latency and bandwidth per ring size of the intra-node link: points {ring size, s, B/s} in increasing ring
+  /// size, latency non-decreasing and bandwidth non-increasing in the size (validate() checks it). A ring of d ranks
+  /// reads latency and 1/bandwidth linearly interpolated in d between the points and clamped to the end points
+  /// outside them (docs/cost_model.md, "Hop tables"). Empty (the default, every built-in preset): the Cluster's
+  /// intra_node_latency / intra_node_bandwidth on every ring size, bit for bit.
+  std::vector<HopPoint> intra_node_hops;
+  /// The same for rings whose ranks span nodes (the Cluster's inter_node_latency / inter_node_bandwidth when empty).
+  std::vector<HopPoint> inter_node_hops;
 
   /// True when a per-document term is non-zero (then T(G,d) need not be unimodal in d: piece_minima scans).
   bool extended() const {
     return attn_pow_coef != 0 || attn_log_coef != 0 || doc_overhead != 0 || doc_hop_overhead != 0 ||
-           doc_solo_overhead != 0 || comm_overlap != 1;
+           doc_solo_overhead != 0 || comm_overlap != 1 || node_overhead != 0;
   }
 
   double eta(Mask m) const { return m == Mask::Full ? full_factor : causal_factor; }
+
+  /// True when a hop table has points (then T(G,d) need not be unimodal in d: piece_minima scans).
+  bool has_hop_tables() const { return !intra_node_hops.empty() || !inter_node_hops.empty(); }
+  /// Seconds per hop of a ring of d ranks over the intra-node (crosses_nodes false) or inter-node link: the hop
+  /// table's value at d when the link has one, else the Cluster's field. The one place the latency is read.
+  double hop_latency(int d, bool crosses_nodes, const Cluster& cluster) const {
+    const auto& table = crosses_nodes ? inter_node_hops : intra_node_hops;
+    if (table.empty()) return crosses_nodes ? cluster.inter_node_latency : cluster.intra_node_latency;
+    return hop_lookup(table, d, 1);
+  }
+  /// Bytes/s of one hop of a ring of d ranks (as hop_latency). The one place the bandwidth is read.
+  double hop_bandwidth(int d, bool crosses_nodes, const Cluster& cluster) const {
+    const auto& table = crosses_nodes ? inter_node_hops : intra_node_hops;
+    if (table.empty()) return crosses_nodes ? cluster.inter_node_bandwidth : cluster.intra_node_bandwidth;
+    return 1.0 / hop_lookup(table, d, 2);
+  }
+  /// The least nodes a ring of d ranks spans: 1 inside a node, else max(2, ceil(d / ranks_per_node)) (compact
+  /// placement; node_overhead is paid on each but the first).
+  static int nodes_spanned(int d, bool crosses_nodes, const Cluster& cluster) {
+    return crosses_nodes ? std::max(2, (d + cluster.ranks_per_node - 1) / cluster.ranks_per_node) : 1;
+  }
+  /// True when a ring across nodes can be faster than one inside a node of the same size d <= ranks_per_node (the
+  /// inter-node link has the lower latency or the higher bandwidth at some such d).
+  bool crossing_can_be_faster(const Cluster& cluster) const;
 
   /// Throws InvalidArgument for a negative, NaN or infinite coefficient (naming it), or mem_per_token <= 0.
   void validate() const;
@@ -105,9 +146,10 @@ struct CostModel {
   double attn_time(const GroupStats& g, int d) const { return attn_coef * g.weighted_sq / d; }
   double comm_time(const GroupStats& g, int d, bool crosses_nodes, const Cluster& cluster) const {
     if (d <= 1) return 0.0;
-    const double lat = crosses_nodes ? cluster.inter_node_latency : cluster.intra_node_latency;
-    const double bw = crosses_nodes ? cluster.inter_node_bandwidth : cluster.intra_node_bandwidth;
-    return (d - 1) * (lat + static_cast<double>(g.tokens) / d * kv_bytes_per_token / bw);
+    const double lat = hop_latency(d, crosses_nodes, cluster), bw = hop_bandwidth(d, crosses_nodes, cluster);
+    const double hops = (d - 1) * (lat + static_cast<double>(g.tokens) / d * kv_bytes_per_token / bw);
+    if (node_overhead == 0) return hops;  // the classic form, bit for bit
+    return hops + node_overhead * (nodes_spanned(d, crosses_nodes, cluster) - 1);
   }
   /// T(G,d); crosses_nodes selects the inter-node link for the ring.
   double time(const GroupStats& g, int d, bool crosses_nodes, const Cluster& cluster) const {
@@ -118,8 +160,8 @@ struct CostModel {
   double time(const GroupStats& g, int d, const Cluster& cluster) const;
   /// The minimisers of T(G,d) under compact placement on the two pieces of [dmin, P]: d <= ranks_per_node (one
   /// node) and d > ranks_per_node (across nodes); 0 for an empty piece; ties go to the smaller d. The classic form
-  /// is unimodal in d on each piece and uses integer ternary search: O(log P); the extended form (extended()) need
-  /// not be, so it scans every degree: O(P).
+  /// is unimodal in d on each piece and uses integer ternary search: O(log P); the extended form (extended()) and a
+  /// model with hop tables (has_hop_tables()) need not be, so they scan every degree: O(P).
   std::array<int, 2> piece_minima(const GroupStats& g, int dmin, const Cluster& cluster) const;
   /// The better of piece_minima (ties: the smaller degree).
   int best_degree(const GroupStats& g, int dmin, const Cluster& cluster) const;
@@ -142,6 +184,13 @@ struct CostModel {
   double work(std::int64_t len, Mask mask) const;
 
   std::string describe() const;
+
+ private:
+  /// Column `col` of `table` at ring size d: 1 = latency, 2 = seconds per byte (1 / bandwidth); linear in d between
+  /// points, clamped outside.
+  static double hop_lookup(const std::vector<HopPoint>& table, int d, int col);
+  /// Throws InvalidArgument naming `field` and the point unless the table is a valid hop table (see the fields).
+  static void validate_hops(const char* field, const std::vector<HopPoint>& table);
 };
 
 /// Stats of the sequences `ids` of `batch`.

@@ -25,19 +25,21 @@ interquartile range, (q75 - q25) / median, a fraction):
 A whole step is ``layers * step_factor`` layer passes (``step_factor`` 1 when the measured times include the
 backward, 3 for forward-only data such as the distca files: backward ~ 2 x forward).
 
-Cost preset (``"format": "dynacp-cost"``, ``"version": 2``)::
+Cost preset (``"format": "dynacp-cost"``, ``"version": 3``)::
 
-    {"format": "dynacp-cost", "version": 2,
+    {"format": "dynacp-cost", "version": 3,
      "cost": {...every CostModel field...},
      "links": {"intra_node_latency": s, "intra_node_bandwidth": B/s, "inter_node_latency": s,
                "inter_node_bandwidth": B/s}        (only the links the profile measured),
      "fit": {...the fit report...}, "meta": {...the profile's meta...}}
 
 Version 2 added the extended model form's ``cost`` fields (``attn_pow_coef``, ``attn_log_coef``, ``doc_overhead``,
-``doc_hop_overhead``, ``doc_solo_overhead``, ``comm_overlap``; docs/cost_model.md). Version 1 files (the classic
-form) are still read: their missing fields keep their defaults (0, and 1 for ``comm_overlap``), the classic form
-exactly; a version 1 file naming a version 2 field, or a file
-of any other version, is rejected with an error naming the file and the field.
+``doc_hop_overhead``, ``doc_solo_overhead``, ``comm_overlap``; docs/cost_model.md), version 3 ``node_overhead`` and
+the hop tables ``intra_node_hops`` / ``inter_node_hops`` (lists of ``[ring size, latency s, bandwidth B/s]``).
+Older files are still read: their missing fields keep their defaults (0, 1 for ``comm_overlap``, empty tables), the
+model they were written for exactly; a file naming a field of a later version than it states, or a file of any other
+version, is rejected with an error naming the file and the field. docs/calibration.md documents both files field
+by field.
 """
 
 from __future__ import annotations
@@ -51,12 +53,18 @@ from typing import Any, Optional, Union
 PROFILE_FORMAT = "dynacp-profile"
 PROFILE_VERSION = 1
 PRESET_FORMAT = "dynacp-cost"
-PRESET_VERSION = 2
+PRESET_VERSION = 3
 #: preset versions this dynacp reads
-PRESET_VERSIONS = (1, 2)
+PRESET_VERSIONS = (1, 2, 3)
 #: CostModel fields that exist from preset version 2 on (the extended form)
 EXTENDED_FIELDS = ("attn_pow_coef", "attn_log_coef", "doc_overhead", "doc_hop_overhead", "doc_solo_overhead",
                    "comm_overlap")
+#: CostModel fields that exist from preset version 3 on (the node overhead and the ring-size hop tables)
+HOP_FIELDS = ("node_overhead", "intra_node_hops", "inter_node_hops")
+#: the preset version that introduced each CostModel field not in version 1
+FIELD_VERSION = {**{k: 2 for k in EXTENDED_FIELDS}, **{k: 3 for k in HOP_FIELDS}}
+#: what each version added (for the error of an older file naming a newer field)
+VERSION_ADDED = {2: "the extended model form", 3: "the node overhead and the hop tables"}
 
 #: columns each profile table must have (extra columns are kept and ignored)
 COLUMNS: dict[str, tuple[str, ...]] = {
@@ -65,6 +73,14 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "linear": ("tokens", "seconds", "spread"),
     "p2p": ("group_size", "crosses_nodes", "bytes", "seconds", "spread"),
 }
+#: top-level fields of a profile file
+PROFILE_FIELDS = ("format", "version", "meta", "tables")
+#: the ``meta`` keys this package's writers set (the profiler, the distca import); the fit reads ``layers``,
+#: ``step_factor``, ``kv_bytes_per_token`` and ``ranks_per_node`` (docs/calibration.md documents each)
+META_KEYS = ("device", "dtype", "torch", "dynacp", "backend", "world_size", "ranks_per_node", "layers", "step_factor",
+             "model", "warmup", "repeats", "passes", "max_tokens", "kv_bytes_per_token", "seconds", "source", "tp")
+#: top-level fields of a cost preset file
+PRESET_FIELDS = ("format", "version", "cost", "links", "fit", "meta")
 #: Cluster fields a preset's ``links`` may set
 LINK_FIELDS = ("intra_node_latency", "intra_node_bandwidth", "inter_node_latency", "inter_node_bandwidth")
 MASKS = ("causal", "full")
@@ -254,7 +270,7 @@ def preset_from_json(data: Any, source: str = "<memory>") -> tuple[Any, dict[str
     version = data.get("version")
     if isinstance(version, bool) or version not in PRESET_VERSIONS:
         raise ValueError(f"{source}: field 'version' is {version!r}; this dynacp reads cost presets of version "
-                         f"{' or '.join(map(str, PRESET_VERSIONS))} (re-run `dynacp calibrate fit` with this version)")
+                         f"{', '.join(map(str, PRESET_VERSIONS[:-1]))} or {PRESET_VERSIONS[-1]} (re-run `dynacp calibrate fit` with this version)")
     fields = data.get("cost")
     if not isinstance(fields, dict):
         raise ValueError(f"{source}: field 'cost' must be an object of CostModel fields")
@@ -263,10 +279,13 @@ def preset_from_json(data: Any, source: str = "<memory>") -> tuple[Any, dict[str
     for k, v in fields.items():
         if k not in known:
             raise ValueError(f"{source}: field 'cost.{k}' is not a CostModel field; fields: {sorted(known)}")
-        if version < 2 and k in EXTENDED_FIELDS:
-            raise ValueError(f"{source}: field 'cost.{k}' needs preset version 2 (the extended model form), but the "
-                             f"file says version {version}; set 'version' to 2")
-        if k not in ("name", "source"):
+        need = FIELD_VERSION.get(k, 1)
+        if version < need:
+            raise ValueError(f"{source}: field 'cost.{k}' needs preset version {need} ({VERSION_ADDED[need]}), but "
+                             f"the file says version {version}; set 'version' to {need}")
+        if k.endswith("_hops"):
+            v = _hop_points(v, f"{source}: field 'cost.{k}'")
+        elif k not in ("name", "source"):
             v = _number(v, f"{source}: field 'cost.{k}'")
         setattr(cost, k, v)
     try:
@@ -279,6 +298,19 @@ def preset_from_json(data: Any, source: str = "<memory>") -> tuple[Any, dict[str
             raise ValueError(f"{source}: field 'links.{k}' is not a link field; fields: {list(LINK_FIELDS)}")
         links[k] = _number(v, f"{source}: field 'links.{k}'", positive="bandwidth" in k)
     return cost, links
+
+
+def _hop_points(v: Any, where: str) -> list[list[float]]:
+    """A hop table of a preset: a list of ``[ring size, latency s, bandwidth B/s]`` (ValueError naming the point;
+    the order and monotonicity are checked by ``CostModel.validate``)."""
+    if not isinstance(v, list):
+        raise ValueError(f"{where}: expected a list of [ring size, latency s, bandwidth B/s] points, got {v!r}")
+    out = []
+    for i, p in enumerate(v):
+        if not isinstance(p, list) or len(p) != 3:
+            raise ValueError(f"{where}[{i}]: expected [ring size, latency s, bandwidth B/s], got {p!r}")
+        out.append([_number(x, f"{where}[{i}]") for x in p])
+    return out
 
 
 def load_preset(path: Union[str, Path]) -> tuple[Any, dict[str, float]]:

@@ -49,3 +49,20 @@ def relative_errors(pred: np.ndarray, t: np.ndarray) -> np.ndarray:
     """``(pred - t) / t`` elementwise."""
     t = np.asarray(t, dtype=np.float64)
     return (np.asarray(pred, dtype=np.float64) - t) / t
+
+
+def isotonic_increasing(values: np.ndarray, weights: Optional[np.ndarray] = None) -> np.ndarray:
+    """The non-decreasing sequence closest to ``values`` in weighted least squares (pool adjacent violators).
+
+    Adjacent values that fall are replaced by their weighted mean until none falls; already non-decreasing input is
+    returned unchanged (a copy). Deterministic, O(n)."""
+    v = np.asarray(values, dtype=np.float64)
+    w = np.ones_like(v) if weights is None else np.asarray(weights, dtype=np.float64)
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for x, wx in zip(v, w):
+        blocks.append([float(x), float(wx), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, n2 = blocks.pop()
+            m1, w1, n1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return np.concatenate([np.full(int(n), m) for m, _, n in blocks]) if blocks else v.copy()

@@ -26,7 +26,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from dynacp.calibrate.fit import EXTENDED_FIELDS, _fit_abc, _Groups, extended_columns
+from dynacp.calibrate.fit import DOC_FIELDS, _fit_abc, _Groups, extended_columns
+from dynacp.calibrate.links import extra_nodes, hop_arrays
 from dynacp.calibrate.lsq import relative_errors
 
 logger = logging.getLogger("dynacp")
@@ -106,10 +107,12 @@ def _groups(records: Sequence[GroupRecord], cost: Any, cluster: Any) -> tuple[_G
     if cost.extended:  # the extended terms stay as they are; a, b, c are refitted beside them
         g.overlap = float(cost.comm_overlap)
         g.extra = extended_columns([r["lengths"] for r in rows], g.d, np.full(g.d.size, float(cost.causal_factor))) @ \
-            np.array([getattr(cost, k) for k in EXTENDED_FIELDS])
-    lat = np.where(g.cross, cluster.inter_node_latency, cluster.intra_node_latency)
-    bw = np.where(g.cross, cluster.inter_node_bandwidth, cluster.intra_node_bandwidth)
-    return g, g.comm(cost.kv_bytes_per_token, lat, bw)
+            np.array([getattr(cost, k) for k in DOC_FIELDS])
+    lat, bw = hop_arrays(cost, cluster, g.d, g.cross)
+    comm = g.comm(cost.kv_bytes_per_token, lat, bw)
+    if cost.node_overhead:  # c_node is part of the exchange and stays as it is, like the other extended terms
+        comm = comm + cost.node_overhead * extra_nodes(cluster, g.d, g.cross)
+    return g, comm
 
 
 def _crosses(ring: Sequence[int], ranks_per_node: int) -> bool:

@@ -52,9 +52,10 @@ def add_parser(sub: argparse._SubParsersAction, parents: Optional[list] = None) 
     options.add(ft, "--tp", aliases=False, type=int, default=1,
                 help="with --distca: tensor-parallel degree of the attention rows")
     ft.add_argument("--layers", type=int, default=32, help="with --distca: layers of the step (default 32)")
-    ft.add_argument("--form", choices=("classic", "extended"), default=None,
-                    help="model form to fit: 'extended' adds the per-document terms (docs/cost_model.md); default "
-                    "extended with --distca, classic for a profile")
+    ft.add_argument("--form", choices=("auto", "classic", "extended"), default="auto",
+                    help="model form to fit: 'extended' adds the per-document terms and the node overhead "
+                    "(docs/cost_model.md); 'auto' (default) picks extended when the profile has enough points for it "
+                    "and says which it chose in the report")
     options.add(ft, "--json", help="print the report as JSON instead of text")
     ft.set_defaults(func=run_fit)
 
@@ -80,8 +81,7 @@ def run_fit(args: argparse.Namespace) -> int:
         prof = calibrate.import_distca(args.distca, tp=args.tp, layers=args.layers)
     else:
         prof = calibrate.load_profile(args.profile)
-    form = args.form or ("extended" if args.distca else "classic")
-    result = calibrate.fit(prof, name=args.name, form=form)
+    result = calibrate.fit(prof, name=args.name, form=args.form)
     calibrate.save_preset(args.out, result.cost, result.links, result.report_dict(), prof.meta)
     if args.json:
         json.dump(result.report_dict(), sys.stdout, indent=1)

@@ -35,8 +35,8 @@ double HideCap::operator()(std::int64_t len, int d, double eta_s) const {
   auto layout = [&](double bw) {
     per_token = std::max(per_token, cost_.attn_coef * eta_s - (d - 1) * cost_.kv_bytes_per_token / bw);
   };
-  layout(cluster_.inter_node_bandwidth);
-  if (d <= cluster_.ranks_per_node) layout(cluster_.intra_node_bandwidth);
+  layout(cost_.hop_bandwidth(d, true, cluster_));
+  if (d <= cluster_.ranks_per_node) layout(cost_.hop_bandwidth(d, false, cluster_));
   return room * std::max(0.0, per_token);
 }
 

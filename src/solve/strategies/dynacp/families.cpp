@@ -25,11 +25,10 @@ bool pipelined(const SearchContext& c) { return c.options.pp > 1; }
 bool interleaved(const SearchContext& c) { return c.options.pp > 1 && c.lb_alt > 0; }
 bool shelved(const SearchContext& c) { return c.options.pp > 1 && c.options.vpp <= 1 && !c.trials.empty(); }
 // A ring across nodes can be the faster one only when the inter-node link beats the intra-node one in bandwidth or
-// latency; relabelling needs several nodes of several ranks.
+// latency (at some ring size: CostModel::crossing_can_be_faster); relabelling needs several nodes of several ranks.
 bool crossing_helps(const SearchContext& c) {
   const Cluster& k = c.cluster;
-  return k.ranks_per_node > 1 && k.num_nodes() > 1 &&
-         (k.inter_node_bandwidth > k.intra_node_bandwidth || k.inter_node_latency < k.intra_node_latency);
+  return k.ranks_per_node > 1 && k.num_nodes() > 1 && c.cost.crossing_can_be_faster(k);
 }
 
 // ---- pp = 1 families (they run at every pp: their plans are candidates for pipelines too) ----
