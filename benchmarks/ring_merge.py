@@ -7,21 +7,26 @@
 Before: the merge of dynacp.torch.ring_loop until issue 36 (kept here as :func:`merge_before`): every block,
 the first included, merged into zero / -inf accumulators with ``o - sigmoid(lb - la) (o - ob)`` and a
 ``torch.where`` for -inf blocks. After: :func:`dynacp.torch.ring_loop.merge_block`: a copy at the first block that
-reaches the rows, then the weight and the new LSE on ``[n, H]`` and one ``lerp_`` of ``[n, H, D]``.
+reaches the rows, then the weight and the new LSE on ``[n, H]`` and, on ``[n, H, D]``, one ``lerp_`` per row slice
+or, for rows scattered over more than 16 ranges, ``index_reduce_(prod, 1 - w)`` and ``index_add_(w ob)`` in place
+(no gather, no scatter, no fp32 copy of a bf16 block output).
 
 Bytes are counted, not timed: every aten op the merge issues is intercepted (a ``TorchDispatchMode``) on meta
 tensors of the full size, and charged the bytes it reads and writes: each tensor input and output once (broadcast
-dimensions once), gathers/scatters (``index_select``, ``index_copy_``) only the selected rows, views nothing. That
+dimensions once), indexed ops only the selected rows (``index_select``: the rows it reads and writes;
+``index_copy_``: its source and the rows it writes; ``index_add_``/``index_reduce_``: also the rows they read back),
+views nothing. A step is one block's merge, the accumulator set-up it needs included. That
 is the memory traffic of unfused kernels (no cache reuse between ops), which is how eager torch runs the merge on a
 GPU. The step kinds are those of a zigzag ring: step 0 (the diagonal block, every row: ``q_all``), a later step
-whose block covers every q row (the kv of a lower rank) and one covering the back half (a higher rank's kv; rows
-gathered). ``ob`` is bfloat16 as FlashAttention returns it (the CPU TorchBlock's float32 also shown).
+whose block covers every q row (the kv of a lower rank) and one covering the back half (a higher rank's kv: row
+slices for a few documents, indexed in place for many). ``ob`` is bfloat16 as FlashAttention returns it (the CPU TorchBlock's float32 also shown).
 Times (``--time-tokens``): the same merges on CPU tensors, median of 5, measured on the machine that runs it.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -33,7 +38,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dynacp.torch.ring_loop import merge_block, row_runs
 
-_INDEX_READS = {"index_select", "index_copy", "index_copy_", "index_add_", "index_add"}
+_INDEX_READS = {"index_select", "index_copy", "index_copy_", "index_add_", "index_add", "index_reduce_",
+                "index_reduce"}
 
 
 def merge_before(out: torch.Tensor, lse: torch.Tensor, idx: torch.Tensor, ob: torch.Tensor, lb: torch.Tensor,
@@ -81,10 +87,14 @@ class ByteCounter(TorchDispatchMode):
         name = func.__name__.split(".")[0]
         tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
         outs = [r for r in (result if isinstance(result, (tuple, list)) else [result]) if isinstance(r, torch.Tensor)]
-        if name in _INDEX_READS:  # only the selected rows move: index_select's output, the copied source
-            moved = touched_bytes(outs[0]) if name == "index_select" else touched_bytes(tensors[-1])
-            extra = moved if name.startswith("index_add") else 0  # index_add_ also reads the rows it adds to
-            read, written = moved + extra + touched_bytes(tensors[1]), moved
+        if name in _INDEX_READS:  # only the selected rows move
+            index, source = tensors[1], tensors[-1]
+            if name == "index_select":
+                read, written = touched_bytes(outs[0]) + touched_bytes(index), touched_bytes(outs[0])
+            else:  # the rows of self it writes; index_add_ / index_reduce_ also read them
+                rows = index.numel() * math.prod(tensors[0].shape[1:]) * tensors[0].element_size()
+                updates = rows if name.startswith(("index_add", "index_reduce")) else 0
+                read, written = touched_bytes(source) + touched_bytes(index) + updates, rows
         elif name == "copy_":
             read, written = touched_bytes(tensors[1]), touched_bytes(tensors[0])
         elif name in ("empty", "empty_like", "empty_strided"):
@@ -139,7 +149,7 @@ def _accumulators(tokens, heads, dim, device, init: bool):
 STEPS = (("step 0: diagonal block, every row (copy)", 0, True),
          ("later step: kv of a lower rank, every q row", 0, False),
          ("later step: kv of a higher rank, back half of q, 4 documents (4 row ranges: slices)", 4, False),
-         ("later step: kv of a higher rank, back half of q, 1024 documents (gathered)", 1024, False))
+         ("later step: kv of a higher rank, back half of q, 1024 documents (1024 row ranges: indexed)", 1024, False))
 """(label, documents whose back halves the block covers (0: every row), first): the step kinds of a zigzag
 ring."""
 

@@ -12,8 +12,9 @@ returns ``(out, lse)`` (optionally a third item, state the backward gets back), 
   ``torch.nn.attention.varlen.varlen_attn`` (bf16/fp16, head dim <= 256 and a multiple of 8).
 
 Merge: the first step that reaches a row copies the block's (out, lse) into the accumulators; every later step
-merges with two passes, ``w = sigmoid(lse_b - lse)`` and the new LSE on ``[n, H]``, then one ``lerp_`` of the
-``[n, H, D]`` rows (benchmarks/ring_merge.py counts the bytes).
+merges with two passes, ``w = sigmoid(lse_b - lse)`` and the new LSE on ``[n, H]``, then the ``[n, H, D]`` rows:
+a ``lerp_`` per row slice, or in place at scattered rows (see :func:`merge_block`; benchmarks/ring_merge.py counts
+the bytes).
 
 Communication (:mod:`dynacp.torch.ring_comm`): P2P between ring neighbours over one process group (the DP x CP
 pool), addressed by the group ranks listed in ``ranks``, so no process group per ring is needed. Every hop is
@@ -26,6 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Sequence
 
@@ -408,10 +410,13 @@ def merge_block(out: torch.Tensor, lse: torch.Tensor, idx: torch.Tensor, ob: tor
     in order, when ``everything``; the row ranges ``runs`` when given, see :func:`row_runs`), in place.
 
     ``first`` (no earlier block reached these rows): a copy. Otherwise two passes: on ``[n, H]`` the weight
-    ``w = sigmoid(lb - la)`` and the overflow-free ``max(la, lb) + log1p(exp(-|la - lb|))``, then one
-    ``lerp_(ob, w)`` of the ``[n, H, D]`` rows, which is ``o - w (o - ob)``. Rows whose block LSE is -inf keep
-    their values (w = 0); rows not reached yet (la = -inf) take the block's (w = 1). With ``everything`` or
-    ``runs`` the rows are updated through slices; otherwise they are gathered and scattered back."""
+    ``w = sigmoid(lb - la)`` and the overflow-free ``max(la, lb) + log1p(exp(-|la - lb|))``, then the ``[n, H, D]``
+    rows: with ``everything`` or ``runs``, one ``lerp_(ob, w)`` per row slice (``o - w (o - ob)``); otherwise (rows
+    scattered, e.g. the back halves of many documents) in place at ``idx`` without gathering or scattering them:
+    ``index_reduce_(.., 1 - w, "prod")`` then ``index_add_(.., w ob)``, which is ``(1 - w) o + w ob`` (``1 - w``
+    computed as ``sigmoid(la - lb)``); under ``torch.use_deterministic_algorithms(True)`` (CUDA's ``index_reduce_``
+    is flagged nondeterministic) a gather, a ``lerp_`` and a scatter. Rows whose block LSE is -inf keep their values
+    (w = 0); rows not reached yet (la = -inf) take the block's (w = 1)."""
     slices = None
     if everything:
         slices = [(0, out.shape[0], 0)]
@@ -432,16 +437,33 @@ def merge_block(out: torch.Tensor, lse: torch.Tensor, idx: torch.Tensor, ob: tor
     skip = lb == float("-inf")
     w = torch.sigmoid(lb - la).masked_fill_(skip, 0.0).unsqueeze(-1)
     new_l = torch.where(skip, la, torch.maximum(la, lb) + torch.log1p(torch.exp(-(la - lb).abs())))
-    ob = ob.to(out.dtype)
     if slices is not None:
+        ob = ob.to(out.dtype)
         for lo, hi, s0 in slices:
             out[lo:hi].lerp_(ob[s0:s0 + hi - lo], w[s0:s0 + hi - lo])
             lse[lo:hi].copy_(new_l[s0:s0 + hi - lo])
         return
-    o = out.index_select(0, idx)
-    o.lerp_(ob, w)
-    out.index_copy_(0, idx, o)
+    if torch.are_deterministic_algorithms_enabled():  # CUDA's index_reduce_ is flagged nondeterministic
+        o = out.index_select(0, idx)
+        o.lerp_(ob.to(out.dtype), w)
+        out.index_copy_(0, idx, o)
+        lse.index_copy_(0, idx, new_l)
+        return
+    keep = torch.sigmoid(la - lb).masked_fill_(skip, 1.0).unsqueeze(-1)  # 1 - w without rounding 1 - w
+    out.index_reduce_(0, idx, keep.expand(ob.shape), "prod")  # o (1 - w) in place: no gather, no scatter
+    out.index_add_(0, idx, (w * ob).to(out.dtype))  # + w ob (reads ob in its own dtype: no fp32 copy of it)
     lse.index_copy_(0, idx, new_l)
+
+
+def _spend_index_reduce_warning() -> None:
+    """torch warns once per process that ``index_reduce_`` is in beta; spend that warning here, silenced, when the
+    module is imported (one thread), instead of from a ring member's thread in the first merge."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.ones(1).index_reduce_(0, torch.zeros(1, dtype=torch.long), torch.ones(1), "prod")
+
+
+_spend_index_reduce_warning()
 
 
 class RingLoop:
