@@ -49,6 +49,22 @@ def _load_json(path: Union[str, Path]) -> Dict[str, Any]:
     return data
 
 
+class _JsonConfig:
+    """``from_dict`` and ``load`` of a config dataclass (the class's ``_WHAT`` names it in messages)."""
+
+    _WHAT = "config"
+
+    @classmethod
+    def from_dict(cls: Type[T], data: Dict[str, Any], where: Optional[str] = None) -> T:
+        """Build from a dict of fields; unknown keys and missing required fields raise ValueError."""
+        return _from_dict(cls, data, where or cls._WHAT)  # type: ignore[attr-defined]
+
+    @classmethod
+    def load(cls: Type[T], path: Union[str, Path]) -> T:
+        """Read a JSON file (field names as in this class)."""
+        return cls.from_dict(_load_json(path), f"{cls._WHAT} file {path}")  # type: ignore[attr-defined]
+
+
 def _positive(obj: Any, *names: str) -> None:
     for n in names:
         v = getattr(obj, n)
@@ -66,8 +82,10 @@ def _integral(obj: Any, *names: str) -> None:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(_JsonConfig):
     """A decoder-only transformer, dense or MoE, described by its shapes (Megatron argument names in brackets)."""
+
+    _WHAT = "model"
 
     num_layers: int
     """L: transformer layers [--num-layers]."""
@@ -234,19 +252,12 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.expert_group_topk ({gk}) must be at most num_expert_groups ({g}) and its "
                              f"groups must hold at least top_k = {self.top_k} experts")
 
-    @classmethod
-    def from_dict(cls, data: Dict[str, Any], where: str = "model") -> ModelConfig:
-        return _from_dict(cls, data, where)
-
-    @classmethod
-    def load(cls, path: Union[str, Path]) -> ModelConfig:
-        """Read a JSON model file (field names as in this class)."""
-        return cls.from_dict(_load_json(path), f"model file {path}")
-
 
 @dataclass
-class ClusterConfig:
+class ClusterConfig(_JsonConfig):
     """The GPUs: nodes x GPUs per node, memory, links and peak throughput."""
+
+    _WHAT = "cluster"
 
     num_nodes: int
     """Nodes in the job."""
@@ -280,15 +291,6 @@ class ClusterConfig:
         if self.world_size is not None and self.world_size != self.world:
             raise ValueError(f"ClusterConfig.world_size {self.world_size} is not num_nodes x gpus_per_node = "
                              f"{self.num_nodes} x {self.gpus_per_node} = {self.world}; fix one of them")
-
-    @classmethod
-    def from_dict(cls, data: Dict[str, Any], where: str = "cluster") -> ClusterConfig:
-        return _from_dict(cls, data, where)
-
-    @classmethod
-    def load(cls, path: Union[str, Path]) -> ClusterConfig:
-        """Read a JSON cluster file (field names as in this class)."""
-        return cls.from_dict(_load_json(path), f"cluster file {path}")
 
 
 @dataclass

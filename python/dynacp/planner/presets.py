@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Union
+from typing import Any, Callable, Dict, List, Type, TypeVar, Union
 
 from dynacp.planner.model import ClusterConfig, ModelConfig
+
+C = TypeVar("C", ModelConfig, ClusterConfig)
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -48,25 +50,23 @@ def cluster_preset(name: str) -> ClusterConfig:
     return ClusterConfig.from_dict(d["config"], f"cluster preset {name}")
 
 
-def resolve_model(spec: Union[str, Path, Dict[str, Any], ModelConfig]) -> ModelConfig:
-    """A ModelConfig from itself, a dict, a JSON file path or a preset name."""
-    if isinstance(spec, ModelConfig):
+def _resolve(cls: Type[C], preset: Callable[[str], C], spec: Union[str, Path, Dict[str, Any], C]) -> C:
+    """A ``cls`` from itself (validated), a dict, a JSON file path or a preset name (``preset``)."""
+    if isinstance(spec, cls):
         spec.validate()
         return spec
     if isinstance(spec, dict):
-        return ModelConfig.from_dict(spec)
+        return cls.from_dict(spec)
     if Path(spec).suffix == ".json" or Path(spec).exists():
-        return ModelConfig.load(spec)
-    return model_preset(str(spec))
+        return cls.load(spec)
+    return preset(str(spec))
+
+
+def resolve_model(spec: Union[str, Path, Dict[str, Any], ModelConfig]) -> ModelConfig:
+    """A ModelConfig from itself, a dict, a JSON file path or a preset name."""
+    return _resolve(ModelConfig, model_preset, spec)
 
 
 def resolve_cluster(spec: Union[str, Path, Dict[str, Any], ClusterConfig]) -> ClusterConfig:
     """A ClusterConfig from itself, a dict, a JSON file path or a preset name."""
-    if isinstance(spec, ClusterConfig):
-        spec.validate()
-        return spec
-    if isinstance(spec, dict):
-        return ClusterConfig.from_dict(spec)
-    if Path(spec).suffix == ".json" or Path(spec).exists():
-        return ClusterConfig.load(spec)
-    return cluster_preset(str(spec))
+    return _resolve(ClusterConfig, cluster_preset, spec)
