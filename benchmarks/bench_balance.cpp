@@ -1,4 +1,4 @@
-// DP balancing benchmarks (dynacp/solve/balance.hpp).
+// DP balancing benchmarks (dynacp/solve/blocks/balance.hpp).
 //   build/.../benchmarks/bench_balance --benchmark_min_time=0.2
 // Weights: token counts, round(lognormal(log 2048, sigma 1)) clipped to [64, 32768] (the setup of
 // ../shared/reference/dp_balancing_anchors.md §3). Counters: max_over_mean = heaviest part / mean part, and
@@ -10,7 +10,7 @@
 #include <numeric>
 #include <random>
 
-#include "dynacp/solve/balance.hpp"
+#include "dynacp/solve/blocks/balance.hpp"
 
 using namespace dynacp::solve;
 

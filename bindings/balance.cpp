@@ -1,5 +1,5 @@
-// Python bindings of the DP balancing kernels (dynacp/solve/balance.hpp).
-#include "dynacp/solve/balance.hpp"
+// Python bindings of the DP balancing kernels (dynacp/solve/blocks/balance.hpp).
+#include "dynacp/solve/blocks/balance.hpp"
 
 #include <string>
 

@@ -3,11 +3,12 @@
 #include "common.hpp"
 #include "dynacp/api/planner.hpp"
 #include "dynacp/model/error.hpp"
-#include "dynacp/solve/degrees.hpp"
-#include "dynacp/solve/evaluate.hpp"
-#include "dynacp/solve/local_search.hpp"
-#include "dynacp/solve/packing.hpp"
-#include "dynacp/solve/placement.hpp"
+#include "dynacp/solve/blocks/degrees.hpp"
+#include "dynacp/solve/blocks/evaluate.hpp"
+#include "dynacp/solve/blocks/packing.hpp"
+#include "dynacp/solve/blocks/placement.hpp"
+#include "dynacp/solve/bounds/lower_bound.hpp"
+#include "dynacp/solve/search/local_search.hpp"
 #include "fields.hpp"
 
 namespace dynacp::py {
@@ -125,7 +126,7 @@ void bind_solve(py::module_& m) {
       .value("VARIABLE", CountPolicy::Variable, "ranks with cheaper microbatches run more of them (ByteScale HDP)");
 
   py::class_<solve::LocalSearchTuning> ls(m, "LocalSearchTuning",
-                                          "dynacp's last stage, the local search (include/dynacp/solve/"
+                                          "dynacp's last stage, the local search (include/dynacp/solve/search/"
                                           "local_search.hpp documents each field); DynacpTuning.local_search.");
   ls.def(kw_init<solve::LocalSearchTuning>());
   Fields<solve::LocalSearchTuning>{ls, {}}
@@ -139,9 +140,10 @@ void bind_solve(py::module_& m) {
       .add("kicks", &solve::LocalSearchTuning::kicks, "forced moves once the climb stalls")
       .done();
 
-  py::class_<DynacpTuning> tuning(m, "DynacpTuning",
-                                  "Every tuning constant of the dynacp strategy (include/dynacp/solve/"
-                                  "dynacp_tuning.hpp documents each); the defaults are the benchmarked ones.");
+  py::class_<DynacpTuning> tuning(
+      m, "DynacpTuning",
+      "Every tuning constant of the dynacp strategy (include/dynacp/solve/"
+      "strategies/dynacp/tuning.hpp documents each); the defaults are the benchmarked ones.");
   tuning.def(kw_init<DynacpTuning>());
   Fields<DynacpTuning>{tuning, {}}
       .add("tau_grid", &DynacpTuning::tau_grid, "pp = 1: grid points of the makespan target tau")

@@ -7,8 +7,9 @@
 #include "dynacp/model/error.hpp"
 #include "dynacp/model/log.hpp"
 #include "dynacp/sim/pipeline.hpp"
-#include "dynacp/solve/evaluate.hpp"
-#include "dynacp/solve/placement.hpp"
+#include "dynacp/solve/blocks/evaluate.hpp"
+#include "dynacp/solve/blocks/placement.hpp"
+#include "dynacp/solve/bounds/lower_bound.hpp"
 
 namespace dynacp {
 

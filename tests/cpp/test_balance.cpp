@@ -10,7 +10,7 @@
 #include <random>
 
 #include "dynacp/model/error.hpp"
-#include "dynacp/solve/balance.hpp"
+#include "dynacp/solve/blocks/balance.hpp"
 
 using namespace dynacp;
 using namespace dynacp::solve;

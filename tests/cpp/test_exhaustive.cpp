@@ -18,10 +18,11 @@
 
 #include "dynacp/api/planner.hpp"
 #include "dynacp/model/error.hpp"
-#include "dynacp/solve/evaluate.hpp"
-#include "dynacp/solve/exhaustive.hpp"
-#include "dynacp/solve/local_search.hpp"
-#include "dynacp/solve/timeline.hpp"
+#include "dynacp/solve/blocks/evaluate.hpp"
+#include "dynacp/solve/blocks/timeline.hpp"
+#include "dynacp/solve/bounds/lower_bound.hpp"
+#include "dynacp/solve/search/exhaustive.hpp"
+#include "dynacp/solve/search/local_search.hpp"
 
 using namespace dynacp;
 

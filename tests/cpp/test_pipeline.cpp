@@ -18,12 +18,12 @@
 #include "dynacp/api/planner.hpp"
 #include "dynacp/model/error.hpp"
 #include "dynacp/sim/pipeline.hpp"
-#include "dynacp/solve/cover.hpp"
-#include "dynacp/solve/microbatch.hpp"
-#include "dynacp/solve/partitions.hpp"
-#include "dynacp/solve/small_lp.hpp"
-#include "dynacp/solve/timeline.hpp"
-#include "dynacp/solve/units.hpp"
+#include "dynacp/solve/blocks/microbatch.hpp"
+#include "dynacp/solve/blocks/partitions.hpp"
+#include "dynacp/solve/blocks/timeline.hpp"
+#include "dynacp/solve/bounds/cover.hpp"
+#include "dynacp/solve/search/small_lp.hpp"
+#include "dynacp/solve/strategies/dynacp/units.hpp"
 
 using namespace dynacp;
 using namespace dynacp::sim;

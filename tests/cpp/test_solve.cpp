@@ -8,13 +8,14 @@
 #include <random>
 
 #include "clusters.hpp"
-#include "dynacp/model/error.hpp"
 #include "dynacp/api/planner.hpp"
-#include "dynacp/solve/degrees.hpp"
-#include "dynacp/solve/evaluate.hpp"
-#include "dynacp/solve/microbatch.hpp"
-#include "dynacp/solve/packing.hpp"
-#include "dynacp/solve/placement.hpp"
+#include "dynacp/model/error.hpp"
+#include "dynacp/solve/blocks/degrees.hpp"
+#include "dynacp/solve/blocks/evaluate.hpp"
+#include "dynacp/solve/blocks/microbatch.hpp"
+#include "dynacp/solve/blocks/packing.hpp"
+#include "dynacp/solve/blocks/placement.hpp"
+#include "dynacp/solve/bounds/lower_bound.hpp"
 
 using namespace dynacp;
 using namespace dynacp::solve;
@@ -739,4 +740,64 @@ TEST(LowerBound, PipelinedHandChecked) {
   o.vpp = 1;
   o.pp = 1;
   EXPECT_NEAR(lower_bound(six, one, cost, o), 6 * w + c, 1e-15);
+}
+
+TEST(LowerBound, TermRegistryListsTheTermsAndTheBoundIsTheirMaximum) {
+  EXPECT_EQ(bound_term_names(), (std::vector<std::string>{"single", "wide", "average", "critical", "shared", "cover"}));
+  CostModel cost;
+  struct Instance {
+    Batch batch;
+    Cluster cluster;
+    int pp, vpp;
+    bool with_cover;
+    const char* binding;  // the term that gives the bound ("" when not checked)
+  };
+  std::vector<Instance> cases;
+  const Cluster eight = make_cluster(8, 8, 4096, cost);
+  Batch one_long;  // one sequence on one rank of the pool: nothing beats its time alone
+  one_long.lengths = {3000};
+  cases.push_back({one_long, eight, 1, 1, true, "single"});
+  Batch many_short;  // many equal short sequences: the mean work per rank
+  many_short.lengths = std::vector<std::int64_t>(64, 500);
+  cases.push_back({many_short, eight, 1, 1, true, "average"});
+  Batch two_giants;  // two sequences that each need 5 of the 8 ranks must meet on a rank
+                     // (HardSequencesThatMustShareRanks)
+  two_giants.lengths = {18000, 18000};
+  cases.push_back({two_giants, eight, 4, 1, true, "shared"});
+  Batch three_giants = two_giants;  // three such sequences chain along the ranks they share (RingsThatPairwiseShare...)
+  three_giants.lengths.push_back(18000);
+  cases.push_back({three_giants, eight, 4, 1, true, "cover"});
+  cases.push_back({three_giants, eight, 4, 1, false, ""});
+  cases.push_back({three_giants, eight, 4, 2, true, ""});
+  std::mt19937_64 rng(33);
+  for (int i = 0; i < 5; ++i)
+    cases.push_back({random_batch(rng, 40, 30000, true), make_cluster(16, 8, 8192, cost), i % 3 == 0 ? 1 : 4,
+                     i % 3 == 2 ? 2 : 1, i % 2 == 0, ""});
+  const auto names = bound_term_names();
+  for (const Instance& x : cases) {
+    const std::vector<double> v = bound_term_values(x.batch, x.cluster, cost, x.pp, x.vpp, x.with_cover);
+    ASSERT_EQ(v.size(), names.size());
+    const auto top = std::max_element(v.begin(), v.end());
+    EXPECT_EQ(lower_bound(x.batch, x.cluster, cost, x.pp, x.vpp, x.with_cover), *top);
+    if (*x.binding) EXPECT_EQ(names[static_cast<std::size_t>(top - v.begin())], x.binding);
+    const auto t = pipelined_bound_terms(x.batch, x.cluster, cost, x.pp, x.vpp, x.with_cover);
+    EXPECT_EQ((std::vector<double>{t.single, t.wide, t.average, t.critical, t.shared, t.cover}), v);
+    for (double term : v) EXPECT_GE(term, 0.0);
+    // the 1F1B terms need pp > 1 and vpp = 1, the cover term also with_cover
+    if (x.pp == 1 || x.vpp > 1) EXPECT_EQ(v[3] + v[4] + v[5], 0.0);
+    if (!x.with_cover) EXPECT_EQ(v[5], 0.0);
+    if (x.pp == 1) {
+      EXPECT_EQ(lower_bound(x.batch, x.cluster, cost), *top);
+      const auto plain = lower_bound_terms(x.batch, x.cluster, cost);
+      EXPECT_EQ(plain.single, v[0]);
+      EXPECT_EQ(plain.wide, v[1]);
+      EXPECT_EQ(plain.average, v[2]);
+    }
+  }
+  // Leaving the cover term out changes no other term.
+  auto with = bound_term_values(three_giants, eight, cost, 4, 1, true);
+  const auto without = bound_term_values(three_giants, eight, cost, 4, 1, false);
+  EXPECT_GT(with[5], 0.0);
+  with[5] = 0.0;
+  EXPECT_EQ(with, without);
 }

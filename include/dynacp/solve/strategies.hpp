@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "dynacp/model/plan.hpp"
-#include "dynacp/solve/dynacp_tuning.hpp"
+#include "dynacp/solve/strategies/dynacp/tuning.hpp"
 
 namespace dynacp {
 
