@@ -10,7 +10,8 @@
 
 namespace dynacp::solve::dyn {
 
-NodePicker::NodePicker(int P, int rpn) : rpn_(rpn), nodes_(P / rpn), sorted_(static_cast<std::size_t>(P / rpn)) {
+NodePicker::NodePicker(int P, int rpn, const RingSet* rings)
+    : rpn_(rpn), nodes_(P / rpn), rings_(rings), sorted_(static_cast<std::size_t>(P / rpn)) {
   if (nodes_ > kScanNodes) kth_.resize(static_cast<std::size_t>(rpn));
   for (int n = 0; n < nodes_; ++n) {
     for (int j = 0; j < rpn; ++j) sorted_[static_cast<std::size_t>(n)].push_back({0.0, n * rpn + j});
@@ -29,6 +30,8 @@ int NodePicker::earliest(int d) const {
 }
 
 std::vector<int> NodePicker::pick(int d, const std::vector<double>& free) const {
+  if (rings_ != nullptr && d > 1)
+    if (std::vector<int> ring = rings_->pick(d, free); !ring.empty()) return ring;
   std::vector<int> out;
   if (d <= rpn_) {
     const int node = earliest(d);
@@ -92,9 +95,14 @@ std::vector<std::size_t> own_order(const std::vector<double>& w, OwnOrder order,
   return out;
 }
 
-Builder::Builder(const Batch& b, const Cluster& c, const CostModel& m, const DynacpTuning& tuning)
-    : batch_(b), cluster_(c), cost_(m), tuning_(tuning) {
+Builder::Builder(const Batch& b, const Cluster& c, const CostModel& m, const DynacpTuning& tuning,
+                 const RingSet* rings)
+    : batch_(b), cluster_(c), cost_(m), tuning_(tuning), rings_(rings != nullptr && rings->empty() ? nullptr : rings) {
   cap_ = cost_.token_capacity(cluster_);
+  if (rings_ != nullptr) {
+    allowed_sizes_ = rings_->sizes();
+    allowed_sizes_.insert(allowed_sizes_.begin(), 1);
+  }
   // Sequences of one length and mask share every field but the id (piece_minima alone takes a few dozen cost
   // evaluations): each distinct pair is computed once and copied. (The map is only looked up, never iterated.)
   std::unordered_map<std::int64_t, std::size_t> first_of[2];  // per mask: length -> its first sequence's index
@@ -134,7 +142,20 @@ double Builder::time1(const Seq& s, int d) const {
   return cost_.time(g, d, cluster_);
 }
 
+int Builder::allowed_degree_for(const Seq& s, double tau) const {
+  int best = 0;
+  double best_t = 0.0;
+  for (int d : allowed_sizes_) {
+    if (d < s.dmin) continue;
+    const double t = time1(s, d);
+    if (t <= tau) return d;
+    if (best == 0 || t < best_t) best = d, best_t = t;
+  }
+  return best > 0 ? best : s.dmin;  // (no allowed degree holds it: project() names the missing ring)
+}
+
 int Builder::degree_for(const Seq& s, double tau) const {
+  if (rings_ != nullptr) return allowed_degree_for(s, tau);
   int best = 0;
   for (int k = 0; k < 2; ++k) {
     if (s.arg[k] == 0) continue;

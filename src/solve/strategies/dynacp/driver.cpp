@@ -315,20 +315,22 @@ namespace {
 // of the search's cost. The key is Plan::fingerprint, two independent 64-bit hashes of the assignment (a false match
 // would need both to collide); scores are pure functions of the plan, so the outcome does not depend
 // on which thread scored a plan first.
+// With a ring set every plan is scored as projected onto it (RingSet::project), the plan the solve would return.
 std::function<double(const Plan&)> memoised_score(const Batch& batch, const Cluster& cluster, const CostModel& cost,
-                                                  const PlanOptions& options) {
+                                                  const PlanOptions& options, const RingSet& rings) {
   struct Memo {
     std::mutex mutex;
     std::map<std::pair<std::uint64_t, std::uint64_t>, double> seen;
   };
   auto memo = std::make_shared<Memo>();
-  return [memo, &batch, &cluster, &cost, options](const Plan& p) {
+  return [memo, &batch, &cluster, &cost, &rings, options](const Plan& p) {
     const auto key = p.fingerprint();
     {
       const std::lock_guard lock(memo->mutex);
       if (auto it = memo->seen.find(key); it != memo->seen.end()) return it->second;
     }
-    const double t = score(p, batch, cluster, cost, options);
+    const double t = rings.empty() ? score(p, batch, cluster, cost, options)
+                                   : score(rings.project(p, batch, cluster, cost), batch, cluster, cost, options);
     const std::lock_guard lock(memo->mutex);
     memo->seen.emplace(key, t);
     return t;
@@ -340,10 +342,11 @@ std::function<double(const Plan&)> memoised_score(const Batch& batch, const Clus
 Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& caller_options) {
   using namespace dyn;
   PlanOptions options = caller_options;
-  options.score = memoised_score(batch, cluster, cost, caller_options);
+  const RingSet rings(options.ring_set, cluster.num_ranks);
+  options.score = memoised_score(batch, cluster, cost, caller_options, rings);
   const DynacpTuning& tune = options.tuning;
   tune.validate();
-  const Builder b(batch, cluster, cost, tune);
+  const Builder b(batch, cluster, cost, tune, &rings);
   const int threads = options.thread_count();
   Runner run(threads, options.check_interrupt, options.time_limit_s);
   SearchContext c(b, options, run);
@@ -387,7 +390,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     if (scores[i] < (best == candidates.size() ? std::numeric_limits<double>::infinity() : scores[best])) best = i;
   const bool partial = run.cut_short() || (options.time_limit_s > 0 && run.expired());
   if (best < candidates.size()) {
-    Plan out = std::move(candidates[best].plan);
+    Plan out = rings.project(std::move(candidates[best].plan), batch, cluster, cost);  // (as it was scored)
     if (options.pp > 1) {
       double t = scores[best];
       const ParallelFor parallel = [&run](std::size_t n, const std::function<void(std::size_t)>& f) {
@@ -398,6 +401,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       lap("class and ring order polish of the winner");
     }
     out = local_search(std::move(out), batch, cluster, cost, options, tune.local_search, run.deadline());
+    out = rings.project(std::move(out), batch, cluster, cost);  // (its moves are scored projected)
     lap("local search");
     out.family = families()[candidates[best].family].name;
     out.partial = partial;

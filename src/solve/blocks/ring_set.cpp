@@ -1,0 +1,170 @@
+// RingSet: the allowed rings, the pick of dynacp's builders and the projection of a plan onto the set.
+#include "dynacp/solve/blocks/ring_set.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <tuple>
+
+#include "dynacp/model/error.hpp"
+
+namespace dynacp::solve {
+
+RingSet::RingSet(const std::vector<std::vector<int>>& rings, int num_ranks) : num_ranks_(num_ranks) {
+  for (std::size_t i = 0; i < rings.size(); ++i) {
+    const auto& ring = rings[i];
+    if (ring.size() < 2 || static_cast<int>(ring.size()) > num_ranks)
+      invalid("ring_set[", i, "] has ", ring.size(), " ranks; a ring has 2..", num_ranks,
+              " ranks (single ranks are always allowed)");
+    std::vector<int> key = ring;
+    std::sort(key.begin(), key.end());
+    if (key.front() < 0 || key.back() >= num_ranks)
+      invalid("ring_set[", i, "] names rank ", key.front() < 0 ? key.front() : key.back(), " outside the pool of ",
+              num_ranks, " ranks");
+    if (std::adjacent_find(key.begin(), key.end()) != key.end())
+      invalid("ring_set[", i, "] names a rank twice");
+    if (!members_.emplace(std::move(key), ring).second) invalid("ring_set[", i, "] repeats an earlier ring");
+    by_size_[static_cast<int>(ring.size())].push_back(ring);
+  }
+}
+
+std::vector<int> RingSet::sizes() const {
+  std::vector<int> out;
+  for (const auto& [d, rings] : by_size_) out.push_back(d);
+  return out;
+}
+
+const std::vector<int>* RingSet::find(const std::vector<int>& ranks) const {
+  std::vector<int> key = ranks;
+  std::sort(key.begin(), key.end());
+  const auto it = members_.find(key);
+  return it == members_.end() ? nullptr : &it->second;
+}
+
+std::vector<int> RingSet::pick(int d, const std::vector<double>& free) const {
+  const auto it = by_size_.find(d);
+  if (it == by_size_.end()) return {};
+  const std::vector<int>* best = nullptr;
+  double best_t = 0.0;
+  for (const auto& ring : it->second) {
+    double t = -std::numeric_limits<double>::infinity();
+    for (int r : ring) t = std::max(t, free[static_cast<std::size_t>(r)]);
+    if (best == nullptr || t < best_t) best = &ring, best_t = t;
+  }
+  if (!std::isfinite(best_t)) return {};  // every ring holds a taken rank (slotted builds mark them infinite)
+  std::vector<int> out = *best;
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool RingSet::inside(const Plan& plan) const {
+  for (const auto& slot : plan.microbatches)
+    for (const Group& g : slot)
+      if (g.degree() > 1) {
+        const auto* ring = find(g.ranks);
+        if (ring == nullptr || *ring != g.ranks) return false;
+      }
+  return true;
+}
+
+namespace {
+
+// One slot of the projection: places groups on rings of the set that are free in the slot. A ring may evict groups
+// of one rank (they run right after, in a slot of their own); what finds no ring waits for that slot too.
+struct SlotProjection {
+  const std::map<int, std::vector<std::vector<int>>>& by_size;
+  const std::vector<double>& free;  // the group timeline before this slot
+  std::vector<int> holder;          // per rank: the index of the group holding it in this slot, or -1
+  const std::vector<Group>& todo;
+
+  double start(const std::vector<int>& ranks) const {
+    double t = 0.0;
+    for (int r : ranks) t = std::max(t, free[static_cast<std::size_t>(r)]);
+    return t;
+  }
+  // The ring for g: fewest evicted single-rank groups, then the smallest allowed degree >= g's, then the earliest
+  // start, then the most of g's ranks, then set order; nullptr when every ring holds a multi-rank group.
+  const std::vector<int>* choose(const Group& g) const {
+    const std::vector<int>* best = nullptr;
+    std::tuple<int, int, double, int> best_key{};
+    for (auto it = by_size.lower_bound(g.degree()); it != by_size.end(); ++it)
+      for (const auto& ring : it->second) {
+        int evicted = 0, shared = 0;
+        bool blocked = false;
+        for (int r : ring) {
+          const int h = holder[static_cast<std::size_t>(r)];
+          if (h >= 0 && todo[static_cast<std::size_t>(h)].degree() > 1) blocked = true;
+          evicted += h >= 0 ? 1 : 0;
+          shared += std::find(g.ranks.begin(), g.ranks.end(), r) != g.ranks.end() ? 1 : 0;
+        }
+        if (blocked) continue;
+        const std::tuple<int, int, double, int> key{evicted, it->first, start(ring), -shared};
+        if (best == nullptr || key < best_key) best = &ring, best_key = key;
+      }
+    return best;
+  }
+  void take(std::size_t i, const std::vector<int>& ring, std::vector<char>& placed) {
+    for (int r : ring) {
+      if (const int h = holder[static_cast<std::size_t>(r)]; h >= 0) placed[static_cast<std::size_t>(h)] = 0;
+      holder[static_cast<std::size_t>(r)] = static_cast<int>(i);
+    }
+    placed[i] = 1;
+  }
+};
+
+}  // namespace
+
+Plan RingSet::project(Plan plan, const Batch& batch, const Cluster& cluster, const CostModel& cost) const {
+  if (empty() || inside(plan)) return plan;
+  const int widest = by_size_.rbegin()->first;
+  const std::vector<GroupStats> single = single_stats(batch, cost);
+  std::vector<double> free(static_cast<std::size_t>(cluster.num_ranks), 0.0);
+  auto run = [&](const Group& g) {
+    double s = 0.0;
+    for (int r : g.ranks) s = std::max(s, free[static_cast<std::size_t>(r)]);
+    const double t = cost.group_time(g, single, cluster);
+    for (int r : g.ranks) free[static_cast<std::size_t>(r)] = s + t;
+  };
+  std::vector<std::vector<Group>> out;
+  for (auto& slot : plan.microbatches) {
+    std::vector<Group> todo = std::move(slot);
+    while (!todo.empty()) {
+      SlotProjection sp{by_size_, free, std::vector<int>(free.size(), -1), todo};
+      std::vector<char> placed(todo.size(), 0);
+      std::vector<std::size_t> moved;
+      for (std::size_t i = 0; i < todo.size(); ++i) {  // groups on a ring of the set (or one rank) stay
+        const std::vector<int>* ring = todo[i].degree() == 1 ? &todo[i].ranks : find(todo[i].ranks);
+        const bool free_now = ring != nullptr && std::all_of(ring->begin(), ring->end(), [&](int r) {
+          return sp.holder[static_cast<std::size_t>(r)] < 0;
+        });
+        if (!free_now) {
+          moved.push_back(i);
+          continue;
+        }
+        todo[i].ranks = *ring;
+        sp.take(i, todo[i].ranks, placed);
+      }
+      std::stable_sort(moved.begin(), moved.end(),
+                       [&](std::size_t x, std::size_t y) { return todo[x].degree() > todo[y].degree(); });
+      for (std::size_t i : moved) {
+        if (todo[i].degree() > widest)
+          invalid("ring_set: a group needs ", todo[i].degree(), " ranks but the widest ring of the set has ", widest,
+                  "; add a ring of at least that size (e.g. the whole pool)");
+        if (todo[i].degree() == 1) continue;  // (only a spilled single: it waits for the next slot)
+        if (const std::vector<int>* ring = sp.choose(todo[i])) {
+          todo[i].ranks = *ring;
+          sp.take(i, todo[i].ranks, placed);
+        }
+      }
+      std::vector<Group> here, spill;
+      for (std::size_t i = 0; i < todo.size(); ++i) (placed[i] ? here : spill).push_back(std::move(todo[i]));
+      for (const Group& g : here) run(g);
+      out.push_back(std::move(here));
+      todo = std::move(spill);
+    }
+  }
+  plan.microbatches = std::move(out);
+  return plan;
+}
+
+}  // namespace dynacp::solve
