@@ -165,7 +165,7 @@ Plan plan(const Batch& batch, const Cluster& cluster, const CostModel& cost, con
     }
   warn_near_capacity(batch, cap, cluster.num_ranks);
 
-  const solve::RingSet rings(options.ring_set, cluster.num_ranks);  // validated before the solve
+  const solve::RingSet rings(options.ring_set, cluster.num_ranks);                       // validated before the solve
   const double lb = options.pp > 1 ? lower_bound(batch, cluster, cost, options) : -1.0;  // once, not per candidate
   const std::vector<GroupStats> single = single_stats(batch, cost);
   PlanOptions opts = options;

@@ -244,7 +244,8 @@ def select_ring_set(length_samples: Union[str, Sequence[np.ndarray]], cluster: O
                 if d > 1:
                     t = cost.time(lengths[np.asarray(g.sequences, dtype=np.int64)], d, cluster,
                                   crosses_nodes=d > per_node)
-                    usage[d] = usage.get(d, 0.0) + t * d
+                    key = d if d <= per_node else -(-d // per_node) * per_node
+                    usage[key] = usage.get(key, 0.0) + t * d
     chosen = list(base)
     have = {len(r) for r in base}
     best = _mean_step(samples, cluster, cost, pp, threads, chosen)

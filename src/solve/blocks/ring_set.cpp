@@ -21,8 +21,7 @@ RingSet::RingSet(const std::vector<std::vector<int>>& rings, int num_ranks) : nu
     if (key.front() < 0 || key.back() >= num_ranks)
       invalid("ring_set[", i, "] names rank ", key.front() < 0 ? key.front() : key.back(), " outside the pool of ",
               num_ranks, " ranks");
-    if (std::adjacent_find(key.begin(), key.end()) != key.end())
-      invalid("ring_set[", i, "] names a rank twice");
+    if (std::adjacent_find(key.begin(), key.end()) != key.end()) invalid("ring_set[", i, "] names a rank twice");
     if (!members_.emplace(std::move(key), ring).second) invalid("ring_set[", i, "] repeats an earlier ring");
     by_size_[static_cast<int>(ring.size())].push_back(ring);
   }
@@ -135,8 +134,8 @@ Plan RingSet::project(Plan plan, const Batch& batch, const Cluster& cluster, con
       for (std::size_t i = 0; i < todo.size(); ++i) {  // groups on a ring of the set (or one rank) stay
         const std::vector<int>* ring = todo[i].degree() == 1 ? &todo[i].ranks : find(todo[i].ranks);
         const bool free_now = ring != nullptr && std::all_of(ring->begin(), ring->end(), [&](int r) {
-          return sp.holder[static_cast<std::size_t>(r)] < 0;
-        });
+                                return sp.holder[static_cast<std::size_t>(r)] < 0;
+                              });
         if (!free_now) {
           moved.push_back(i);
           continue;

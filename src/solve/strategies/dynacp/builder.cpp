@@ -95,8 +95,7 @@ std::vector<std::size_t> own_order(const std::vector<double>& w, OwnOrder order,
   return out;
 }
 
-Builder::Builder(const Batch& b, const Cluster& c, const CostModel& m, const DynacpTuning& tuning,
-                 const RingSet* rings)
+Builder::Builder(const Batch& b, const Cluster& c, const CostModel& m, const DynacpTuning& tuning, const RingSet* rings)
     : batch_(b), cluster_(c), cost_(m), tuning_(tuning), rings_(rings != nullptr && rings->empty() ? nullptr : rings) {
   cap_ = cost_.token_capacity(cluster_);
   if (rings_ != nullptr) {
