@@ -93,9 +93,10 @@ def test_constrained_plans_are_deterministic_across_threads():
     rings = power_of_two_set(cluster)
     for seed in range(2):
         lengths = _lengths(seed)
-        digests = {dynacp.plan(lengths, cluster=cluster, ring_set=rings, threads=t, pp=pp).digest()
-                   for t in (1, 2, 3) for pp in (1,)}
-        assert len(digests) == 1
+        for pp in (1, 2):
+            digests = {dynacp.plan(lengths, cluster=cluster, ring_set=rings + ring_set(16, 8, [3]), threads=t,
+                                   pp=pp).digest() for t in (1, 2, 3)}
+            assert len(digests) == 1
 
 
 def test_select_ring_set_is_bounded_aligned_and_deterministic():

@@ -222,10 +222,11 @@ def select_ring_set(length_samples: Union[str, Sequence[np.ndarray]], cluster: O
 
     ``length_samples``: sample global batches of the workload (int64 lengths, one array per batch), or the name of
     an embedded distribution (``dynacp.distributions.names()``), of which ``batches`` batches of ``gbs`` sequences
-    are drawn with ``seed``. Start from :func:`power_of_two_set`; plan each sample with dynacp unconstrained and add,
-    most used first, the tilings of the other degrees its plans use (weighted by ring area, time x ranks) while the
-    budget allows; then keep each added size only where it lowers the mean predicted step time of the samples
-    planned on the set (every candidate set is tried on all samples, in a fixed order)."""
+    are drawn with ``seed``. Start from :func:`power_of_two_set`; plan each sample with dynacp unconstrained and try
+    adding, most used first (:func:`_candidates`), the tilings of the other degrees up to a node and the node-offset
+    windows of the whole-node widths, each kept only where it lowers the mean predicted step time of the samples
+    planned on the set and fits the budget. dynacp also searches on the power-of-two tilings of any set alone (and keeps
+    the better plan), so a size that fragments the pool rarely makes a batch worse than on the power-of-two set."""
     cluster = cluster or _core.Cluster()
     cost = cost or _core.CostModel()
     n = int(cluster.num_ranks)
@@ -235,31 +236,49 @@ def select_ring_set(length_samples: Union[str, Sequence[np.ndarray]], cluster: O
         raise ValueError(f"max_rings = {budget} is below the {len(base)} rings of the power-of-two set")
     samples = _samples(length_samples, batches, gbs, seed)
     per_node = int(cluster.ranks_per_node) if node_aligned(cluster) else n
+    usage = _usage(samples, cluster, cost, pp, threads, per_node)
+    chosen = list(base)
+    best = _mean_step(samples, cluster, cost, pp, threads, chosen)
+    for extra in _candidates(usage, n, per_node, {len(r) for r in base}):
+        extra = [r for r in extra if r not in set(chosen)]
+        if not extra or len(chosen) + len(extra) > budget:
+            continue
+        t = _mean_step(samples, cluster, cost, pp, threads, chosen + extra)
+        if t < best * (1 - 1e-9):
+            chosen, best = chosen + extra, t
+    return sorted(chosen, key=lambda r: (len(r), r))
+
+
+def _usage(samples: list[np.ndarray], cluster: _core.Cluster, cost: _core.CostModel, pp: int, threads: int,
+           per_node: int) -> dict[int, float]:
+    """Ring area (seconds x ranks) per degree in the free plans of the samples; degrees wider than a node count at
+    their whole-node width."""
     usage: dict[int, float] = {}
     for lengths in samples:
-        plan = _plan(lengths, cluster, cost, pp, threads, None)
-        for slot in plan.microbatches:
+        for slot in _plan(lengths, cluster, cost, pp, threads, None).microbatches:
             for g in slot:
                 d = len(g.ranks)
                 if d > 1:
                     t = cost.time(lengths[np.asarray(g.sequences, dtype=np.int64)], d, cluster,
                                   crosses_nodes=d > per_node)
-                    key = d if d <= per_node else -(-d // per_node) * per_node
+                    key = d if d <= per_node else min(-(-d // per_node) * per_node, int(cluster.num_ranks))
                     usage[key] = usage.get(key, 0.0) + t * d
-    chosen = list(base)
-    have = {len(r) for r in base}
-    best = _mean_step(samples, cluster, cost, pp, threads, chosen)
-    for d in sorted(usage, key=lambda x: (-usage[x], x)):
-        if d in have:
-            continue
-        extra = ring_set(n, per_node, [d])
-        if len(chosen) + len(extra) > budget:
-            continue
-        t = _mean_step(samples, cluster, cost, pp, threads, chosen + extra)
-        if t < best * (1 - 1e-9):
-            chosen, best = chosen + extra, t
-            have.add(d)
-    return sorted(chosen, key=lambda r: (len(r), r))
+    return usage
+
+
+def _candidates(usage: dict[int, float], n: int, per_node: int, have: set[int]) -> list[list[Ring]]:
+    """What select_ring_set tries to add, most used first: the node tilings of the other degrees up to a node, and
+    for widths of whole nodes (used ones and the set's powers of two) the windows at every node offset (a wide ring
+    can start on any node, as the free picker places it)."""
+    wide = {d for d in have if per_node < d < n}
+    out = []
+    for d in sorted(set(usage) | wide, key=lambda x: (-usage.get(x, 0.0), x)):
+        if d <= per_node:
+            if d not in have:
+                out.append(ring_set(n, per_node, [d]))
+        elif d < n:
+            out.append([tuple(range(a, a + d)) for a in range(0, n - d + 1, per_node)])
+    return out
 
 
 def _plan(lengths: np.ndarray, cluster: _core.Cluster, cost: _core.CostModel, pp: int, threads: int,

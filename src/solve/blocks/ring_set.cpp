@@ -27,6 +27,19 @@ RingSet::RingSet(const std::vector<std::vector<int>>& rings, int num_ranks) : nu
   }
 }
 
+RingSet RingSet::power_of_two_tilings() const {
+  std::vector<std::vector<int>> kept;
+  for (const auto& [d, rings] : by_size_) {
+    if ((d & (d - 1)) != 0) continue;
+    for (const auto& ring : rings) {
+      bool tiled = ring.front() % d == 0;
+      for (int j = 1; j < d && tiled; ++j) tiled = ring[static_cast<std::size_t>(j)] == ring.front() + j;
+      if (tiled) kept.push_back(ring);
+    }
+  }
+  return RingSet(kept, num_ranks_);
+}
+
 std::vector<int> RingSet::sizes() const {
   std::vector<int> out;
   for (const auto& [d, rings] : by_size_) out.push_back(d);

@@ -20,6 +20,11 @@ class RingSet {
   RingSet(const std::vector<std::vector<int>>& rings, int num_ranks);
 
   bool empty() const { return by_size_.empty(); }
+  /// Rings in the set.
+  std::size_t count() const { return members_.size(); }
+  /// The rings of the set that tile the pool like a buddy allocator: 2^k consecutive ranks from a multiple of 2^k
+  /// (rings of these never straddle each other). dynacp also searches on them alone (driver.cpp).
+  RingSet power_of_two_tilings() const;
   /// Degree d has a ring in the set (d = 1 always; every d when the set is empty).
   bool allowed(int d) const { return empty() || d == 1 || by_size_.count(d) > 0; }
   /// The allowed degrees >= 2, ascending.

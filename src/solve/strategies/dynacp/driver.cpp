@@ -339,16 +339,14 @@ std::function<double(const Plan&)> memoised_score(const Batch& batch, const Clus
 }  // namespace
 }  // namespace dyn
 
-Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& caller_options) {
-  using namespace dyn;
-  PlanOptions options = caller_options;
-  const RingSet rings(options.ring_set, cluster.num_ranks);
-  options.score = memoised_score(batch, cluster, cost, caller_options, rings);
+namespace dyn {
+namespace {
+// Every family's candidates for one builder (its ring set), the pooled ones after the slot-order polish.
+std::vector<Candidate> search(const Builder& b, const PlanOptions& options, Runner& run) {
   const DynacpTuning& tune = options.tuning;
-  tune.validate();
-  const Builder b(batch, cluster, cost, tune, &rings);
-  const int threads = options.thread_count();
-  Runner run(threads, options.check_interrupt, options.time_limit_s);
+  const Batch& batch = b.batch();
+  const Cluster& cluster = b.cluster();
+  const CostModel& cost = b.cost();
   SearchContext c(b, options, run);
   c.lo = std::max(lower_bound(batch, cluster, cost), 1e-12);
   c.hi = std::max(b.upper_tau(), c.lo);
@@ -369,6 +367,21 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
                        1e3 * static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC);
     run.check();
   }
+  return gather(c);
+}
+}  // namespace
+}  // namespace dyn
+
+Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& caller_options) {
+  using namespace dyn;
+  PlanOptions options = caller_options;
+  const RingSet rings(options.ring_set, cluster.num_ranks);
+  options.score = memoised_score(batch, cluster, cost, caller_options, rings);
+  const DynacpTuning& tune = options.tuning;
+  tune.validate();
+  const Builder b(batch, cluster, cost, tune, &rings);
+  const int threads = options.thread_count();
+  Runner run(threads, options.check_interrupt, options.time_limit_s);
   auto t0 = std::chrono::steady_clock::now();
   auto lap = [&t0](const char* what) {
     if (!core_log().should_log(spdlog::level::debug)) return;
@@ -376,7 +389,13 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     core_log().debug("dynacp {}: {:.3f} ms", what, std::chrono::duration<double, std::milli>(now - t0).count());
     t0 = now;
   };
-  std::vector<Candidate> candidates = gather(c);
+  std::vector<Candidate> candidates = search(b, options, run);
+  // A ring set with more than the power-of-two tilings: its other degrees can fragment the pool (a 24-rank ring
+  // at offset 24 blocks two 32-rank halves), so the search also runs on the tilings alone and the better plan wins.
+  if (const RingSet tiled = rings.power_of_two_tilings(); !tiled.empty() && tiled.count() < rings.count()) {
+    const Builder b2(batch, cluster, cost, tune, &tiled);
+    for (auto& x : search(b2, options, run)) candidates.push_back(std::move(x));
+  }
   lap("slot-order polish of the pools");
   if (options.pp > 1)
     std::erase_if(candidates, [&](const Candidate& x) { return !counts_ok(x.plan, cluster.num_ranks, options); });
