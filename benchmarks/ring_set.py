@@ -25,6 +25,12 @@ from dynacp import distributions
 from dynacp.integration.rings import distinct_rings, restrict_plan, ring_set, select_ring_set
 
 
+def _costs(times: list, base: list) -> str:
+    """Mean and worst per-batch cost of ``times`` against ``base``, as two table cells."""
+    x, b = np.asarray(times), np.asarray(base)
+    return f"{100 * (x.mean() / b.mean() - 1):+.1f} % | {100 * (x / b - 1).max():+.1f} %"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=int, default=20, help="global batches per distribution")
@@ -60,14 +66,8 @@ def main() -> None:
             base.append(plan.predicted.step_time)
             after.append(snapped.predicted.step_time)
             inside.append(constrained.predicted.step_time)
-        b = np.asarray(base)
-
-        def pct(x: list) -> str:
-            x = np.asarray(x)
-            return f"{100 * (x.mean() / b.mean() - 1):+.1f} % | {100 * (x / b - 1).max():+.1f} %"
-
-        print(f"| {name} | {len(seen)} | {b.mean():.3f} | {pct(after)} | {len(selected)} | {pct(inside)} |",
-              flush=True)
+        print(f"| {name} | {len(seen)} | {np.mean(base):.3f} | {_costs(after, base)} | {len(selected)} | "
+              f"{_costs(inside, base)} |", flush=True)
 
 
 if __name__ == "__main__":
