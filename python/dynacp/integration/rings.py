@@ -19,7 +19,6 @@ NCCL_NCHANNELS, NCCL_PROTO), so a ring communicator with C channels holds roughl
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence, Union
 
 import numpy as np
