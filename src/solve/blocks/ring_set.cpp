@@ -179,4 +179,43 @@ Plan RingSet::project(Plan plan, const Batch& batch, const Cluster& cluster, con
   return plan;
 }
 
+RingPicker::RingPicker(const RingSet& set, int num_ranks, int ranks_per_node)
+    : on_node_(static_cast<std::size_t>((num_ranks + ranks_per_node - 1) / ranks_per_node)), rpn_(ranks_per_node) {
+  for (const auto& [d, rings] : set.by_size_) {
+    auto& entries = rings_[d];
+    auto& order = order_[d];
+    for (const auto& ring : rings) {
+      Entry e{ring, 0.0};
+      std::sort(e.ranks.begin(), e.ranks.end());
+      const std::size_t i = entries.size();
+      int last = -1;
+      for (int r : e.ranks)
+        if (r / rpn_ != last) last = r / rpn_, on_node_[static_cast<std::size_t>(last)].push_back({d, i});
+      entries.push_back(std::move(e));
+      order.insert({0.0, i});
+    }
+  }
+}
+
+std::vector<int> RingPicker::pick(int d) const {
+  const auto it = order_.find(d);
+  if (it == order_.end() || it->second.empty()) return {};
+  const auto& [start, i] = *it->second.begin();
+  if (!std::isfinite(start)) return {};  // (as RingSet::pick)
+  return rings_.at(d)[i].ranks;
+}
+
+void RingPicker::update(int node, const std::vector<double>& free) {
+  for (const auto& [d, i] : on_node_[static_cast<std::size_t>(node)]) {
+    Entry& e = rings_[d][i];
+    double t = -std::numeric_limits<double>::infinity();
+    for (int r : e.ranks) t = std::max(t, free[static_cast<std::size_t>(r)]);
+    if (t == e.start) continue;
+    auto& order = order_[d];
+    order.erase({e.start, i});
+    e.start = t;
+    order.insert({t, i});
+  }
+}
+
 }  // namespace dynacp::solve

@@ -5,6 +5,8 @@
 // ("Ring sets") describes both.
 #pragma once
 #include <map>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "dynacp/model/plan.hpp"
@@ -44,9 +46,33 @@ class RingSet {
   bool inside(const Plan& plan) const;
 
  private:
+  friend class RingPicker;
   std::map<int, std::vector<std::vector<int>>> by_size_;  // ring order, set order
   std::map<std::vector<int>, std::vector<int>> members_;  // ranks ascending -> the ring in ring order
   int num_ranks_ = 0;
+};
+
+/// RingSet::pick with an index: per degree the rings ordered by (latest free time of their ranks, set order),
+/// refreshed for the rings on a node when the caller reports that node's free times changed (update). The same picks
+/// as RingSet::pick in O(log rings) where the scan costs O(pool); dynacp's rank picker uses it (builder.cpp).
+class RingPicker {
+ public:
+  /// Every rank starts free at 0.
+  RingPicker(const RingSet& set, int num_ranks, int ranks_per_node);
+  /// = RingSet::pick(d, free) for the free times reported so far.
+  std::vector<int> pick(int d) const;
+  /// The free times of `node`'s ranks changed (any others unchanged since the last update).
+  void update(int node, const std::vector<double>& free);
+
+ private:
+  struct Entry {
+    std::vector<int> ranks;  // ascending
+    double start = 0.0;
+  };
+  std::map<int, std::vector<Entry>> rings_;                        // by degree, set order
+  std::map<int, std::set<std::pair<double, std::size_t>>> order_;  // by degree: (start, index)
+  std::vector<std::vector<std::pair<int, std::size_t>>> on_node_;  // node -> (degree, index) of its rings
+  int rpn_;
 };
 
 }  // namespace dynacp::solve

@@ -11,7 +11,8 @@
 namespace dynacp::solve::dyn {
 
 NodePicker::NodePicker(int P, int rpn, const RingSet* rings)
-    : rpn_(rpn), nodes_(P / rpn), rings_(rings), sorted_(static_cast<std::size_t>(P / rpn)) {
+    : rpn_(rpn), nodes_(P / rpn), sorted_(static_cast<std::size_t>(P / rpn)) {
+  if (rings != nullptr) rings_.emplace(*rings, P, rpn);
   if (nodes_ > kScanNodes) kth_.resize(static_cast<std::size_t>(rpn));
   for (int n = 0; n < nodes_; ++n) {
     for (int j = 0; j < rpn; ++j) sorted_[static_cast<std::size_t>(n)].push_back({0.0, n * rpn + j});
@@ -30,8 +31,8 @@ int NodePicker::earliest(int d) const {
 }
 
 std::vector<int> NodePicker::pick(int d, const std::vector<double>& free) const {
-  if (rings_ != nullptr && d > 1)
-    if (std::vector<int> ring = rings_->pick(d, free); !ring.empty()) return ring;
+  if (rings_ && d > 1)
+    if (std::vector<int> ring = rings_->pick(d); !ring.empty()) return ring;
   std::vector<int> out;
   if (d <= rpn_) {
     const int node = earliest(d);
@@ -63,6 +64,7 @@ std::vector<int> NodePicker::pick(int d, const std::vector<double>& free) const 
 }
 
 void NodePicker::update(int node, const std::vector<double>& free) {
+  if (rings_) rings_->update(node, free);
   auto& s = sorted_[static_cast<std::size_t>(node)];
   for (std::size_t k = 0; k < kth_.size(); ++k) kth_[k].erase({s[k].first, node});
   for (auto& [t, r] : s) t = free[static_cast<std::size_t>(r)];

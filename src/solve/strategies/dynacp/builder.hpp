@@ -3,6 +3,7 @@
 // the driver (driver.cpp) scores, pools and polishes what they build. See docs/strategies.md.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -54,7 +55,7 @@ class NodePicker {
   static constexpr int kScanNodes = 32;  // a speed crossover, not a tuning knob: picks do not depend on it
   int earliest(int d) const;             // the node whose d-th earliest free rank frees first (ties: lower id)
   int rpn_, nodes_;
-  const RingSet* rings_;  // null: any ranks
+  std::optional<RingPicker> rings_;  // empty: any ranks
   std::vector<std::vector<std::pair<double, int>>> sorted_;
   std::vector<std::set<std::pair<double, int>>> kth_;
 };
