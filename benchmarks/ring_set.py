@@ -7,7 +7,7 @@ unconstrained; restricted after the solve (``rings.restrict_plan`` onto ``ring_s
 at every node tiling: the earlier approach); and constrained in the solver (``dynacp.plan(..., ring_set=...)``) with
 the set ``rings.select_ring_set`` chooses from ``--select-batches`` other sample batches of the same distribution
 (seed ``--seed + 1``). Prints a markdown table: distinct rings the unconstrained plans use (the groups a lazy pool
-would create), the sizes of both sets, the mean predicted step time (seconds, dynacp's cost model, default preset)
+would create), the sizes of both sets, the most communicators (rings of the selected set) on one rank, the mean predicted step time (seconds, dynacp's cost model, default preset)
 and the mean and worst per-batch cost of each restriction against the unconstrained plan. Times are predictions,
 not measurements.
 
@@ -22,7 +22,7 @@ import numpy as np
 
 import dynacp
 from dynacp import distributions
-from dynacp.integration.rings import distinct_rings, restrict_plan, ring_set, select_ring_set
+from dynacp.integration.rings import communicator_memory, distinct_rings, restrict_plan, ring_set, select_ring_set
 
 
 def _costs(times: list, base: list) -> str:
@@ -47,8 +47,8 @@ def main() -> None:
     print(f"ranks {args.ranks} ({args.per_node} per node), gbs {args.gbs}, {args.batches} batches per workload; "
           f"after-solve set: {len(full)} rings (every size)\n")
     print("| workload | distinct rings (unconstrained) | step time unconstrained (s) | after the solve: mean | "
-          "worst batch | selected set (rings) | in the solver: mean | worst batch |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "worst batch | selected set (rings) | communicators per rank (most) | in the solver: mean | worst batch |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.workloads or distributions.names():
         dist = distributions.get(name)
         sel_rng = np.random.default_rng(args.seed + 1)
@@ -66,7 +66,8 @@ def main() -> None:
             base.append(plan.predicted.step_time)
             after.append(snapped.predicted.step_time)
             inside.append(constrained.predicted.step_time)
-        print(f"| {name} | {len(seen)} | {np.mean(base):.3f} | {_costs(after, base)} | {len(selected)} | "
+        most, _ = communicator_memory(selected, args.ranks)
+        print(f"| {name} | {len(seen)} | {np.mean(base):.3f} | {_costs(after, base)} | {len(selected)} | {most} | "
               f"{_costs(inside, base)} |", flush=True)
 
 

@@ -143,14 +143,35 @@ double Builder::time1(const Seq& s, int d) const {
   return cost_.time(g, d, cluster_);
 }
 
+// T(s, d) falls to arg[k] on each piece and rises after it (degree_for's binary search relies on the first half),
+// so among the allowed degrees of a piece the smallest within tau is the first one at or after the smallest degree
+// within tau, and the fastest is an allowed neighbour of arg[k]: O(log) cost evaluations, not one per allowed size.
 int Builder::allowed_degree_for(const Seq& s, double tau) const {
+  const int hi[2] = {cluster_.ranks_per_node, cluster_.num_ranks};
   int best = 0;
   double best_t = 0.0;
-  for (int d : allowed_sizes_) {
-    if (d < s.dmin) continue;
-    const double t = time1(s, d);
-    if (t <= tau) return d;
-    if (best == 0 || t < best_t) best = d, best_t = t;
+  for (int k = 0; k < 2; ++k) {
+    if (s.arg[k] == 0) continue;
+    const auto first = std::lower_bound(allowed_sizes_.begin(), allowed_sizes_.end(), s.lo[k]);
+    const auto last = std::upper_bound(first, allowed_sizes_.end(), hi[k]);
+    if (first == last) continue;
+    if (time1(s, s.arg[k]) <= tau) {
+      int a = s.lo[k], z = s.arg[k];
+      while (a < z) {
+        const int m = a + (z - a) / 2;
+        if (time1(s, m) <= tau)
+          z = m;
+        else
+          a = m + 1;
+      }
+      if (const auto it = std::lower_bound(first, last, a); it != last && time1(s, *it) <= tau) return *it;
+    }
+    const auto up = std::lower_bound(first, last, s.arg[k]);
+    for (auto it : {up == first ? last : up - 1, up}) {
+      if (it == last) continue;
+      const double t = time1(s, *it);
+      if (best == 0 || t < best_t || (t == best_t && *it < best)) best = *it, best_t = t;
+    }
   }
   return best > 0 ? best : s.dmin;  // (no allowed degree holds it: project() names the missing ring)
 }
