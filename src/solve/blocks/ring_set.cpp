@@ -99,20 +99,27 @@ struct SlotProjection {
   const std::vector<int>* choose(const Group& g) const {
     const std::vector<int>* best = nullptr;
     std::tuple<int, int, double, int> best_key{};
-    for (auto it = by_size.lower_bound(g.degree()); it != by_size.end(); ++it)
+    std::vector<char> mine(holder.size(), 0);
+    for (int r : g.ranks) mine[static_cast<std::size_t>(r)] = 1;
+    for (auto it = by_size.lower_bound(g.degree()); it != by_size.end(); ++it) {
       for (const auto& ring : it->second) {
         int evicted = 0, shared = 0;
         bool blocked = false;
         for (int r : ring) {
           const int h = holder[static_cast<std::size_t>(r)];
-          if (h >= 0 && todo[static_cast<std::size_t>(h)].degree() > 1) blocked = true;
+          if (h >= 0 && todo[static_cast<std::size_t>(h)].degree() > 1) {
+            blocked = true;
+            break;
+          }
           evicted += h >= 0 ? 1 : 0;
-          shared += std::find(g.ranks.begin(), g.ranks.end(), r) != g.ranks.end() ? 1 : 0;
+          shared += mine[static_cast<std::size_t>(r)];
         }
         if (blocked) continue;
         const std::tuple<int, int, double, int> key{evicted, it->first, start(ring), -shared};
         if (best == nullptr || key < best_key) best = &ring, best_key = key;
       }
+      if (best != nullptr && std::get<0>(best_key) == 0) break;  // a wider ring cannot beat it
+    }
     return best;
   }
   void take(std::size_t i, const std::vector<int>& ring, std::vector<char>& placed) {
