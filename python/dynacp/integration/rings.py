@@ -221,8 +221,8 @@ def select_ring_set(length_samples: Union[str, Sequence[np.ndarray]], cluster: O
 
     ``length_samples``: sample global batches of the workload (int64 lengths, one array per batch), or the name of
     an embedded distribution (``dynacp.distributions.names()``), of which ``batches`` batches of ``gbs`` sequences
-    are drawn with ``seed``. Start from :func:`power_of_two_set` and the tilings of every other width of whole
-    nodes; plan each sample with dynacp unconstrained and try
+    are drawn with ``seed``. Start from :func:`power_of_two_set` and the tilings of the widths of 3, 5, 6 and 7
+    whole nodes; plan each sample with dynacp unconstrained and try
     adding, most used first (:func:`_candidates`), the tilings of the other degrees up to a node and the node-offset
     windows of the whole-node widths, each kept only where it lowers the mean predicted step time of the samples
     planned on the set and fits the budget. dynacp also searches on the power-of-two tilings of any set alone (and keeps
@@ -238,10 +238,11 @@ def select_ring_set(length_samples: Union[str, Sequence[np.ndarray]], cluster: O
     per_node = int(cluster.ranks_per_node) if node_aligned(cluster) else n
     usage = _usage(samples, cluster, cost, pp, threads, per_node)
     chosen = list(base)
-    # every width of whole nodes, tiled: a rare giant that needs 21 ranks runs on 24, not 32 (at most two rings per
-    # rank and width; the samples seldom hold such giants, so these are not left to the test below)
-    wide = ring_set(n, per_node, [k * per_node for k in range(3, n // per_node) if k & (k - 1)]) if per_node < n \
-        else []
+    # the widths of 3-7 whole nodes, tiled: a rare giant that needs 21 ranks runs on 24, not 32 (at most two rings
+    # per rank and width; the samples seldom hold such giants, so these are not left to the test below). Wider ones
+    # only where the samples use them (below): every width at 1,024 ranks would slow the solver several-fold.
+    wide = ring_set(n, per_node, [k * per_node for k in range(3, min(8, n // per_node)) if k & (k - 1)]) \
+        if per_node < n else []
     if len(chosen) + len(wide) <= budget:
         chosen += wide
     best = _mean_step(samples, cluster, cost, pp, threads, chosen)

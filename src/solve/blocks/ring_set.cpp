@@ -187,7 +187,9 @@ Plan RingSet::project(Plan plan, const Batch& batch, const Cluster& cluster, con
 }
 
 RingPicker::RingPicker(const RingSet& set, int num_ranks, int ranks_per_node)
-    : on_node_(static_cast<std::size_t>((num_ranks + ranks_per_node - 1) / ranks_per_node)), rpn_(ranks_per_node) {
+    : on_node_(static_cast<std::size_t>((num_ranks + ranks_per_node - 1) / ranks_per_node)),
+      seen_(static_cast<std::size_t>(num_ranks), 0.0),
+      rpn_(ranks_per_node) {
   for (const auto& [d, rings] : set.by_size_) {
     auto& entries = rings_[d];
     auto& order = order_[d];
@@ -213,10 +215,22 @@ std::vector<int> RingPicker::pick(int d) const {
 }
 
 void RingPicker::update(int node, const std::vector<double>& free) {
+  // Free times only grow in dynacp's builds: a ring's start is then the larger of its start and the node's new
+  // times on it (O(ranks on the node) per ring); a time that fell recomputes the ring over all its ranks.
+  const int lo = node * rpn_, hi = std::min(lo + rpn_, static_cast<int>(seen_.size()));
+  bool fell = false;
+  for (int r = lo; r < hi; ++r) fell = fell || free[static_cast<std::size_t>(r)] < seen_[static_cast<std::size_t>(r)];
+  for (int r = lo; r < hi; ++r) seen_[static_cast<std::size_t>(r)] = free[static_cast<std::size_t>(r)];
   for (const auto& [d, i] : on_node_[static_cast<std::size_t>(node)]) {
     Entry& e = rings_[d][i];
-    double t = -std::numeric_limits<double>::infinity();
-    for (int r : e.ranks) t = std::max(t, free[static_cast<std::size_t>(r)]);
+    double t = e.start;
+    if (fell) {
+      t = -std::numeric_limits<double>::infinity();
+      for (int r : e.ranks) t = std::max(t, free[static_cast<std::size_t>(r)]);
+    } else {  // the ring's ranks on this node (ranks ascending)
+      for (auto it = std::lower_bound(e.ranks.begin(), e.ranks.end(), lo); it != e.ranks.end() && *it < hi; ++it)
+        t = std::max(t, free[static_cast<std::size_t>(*it)]);
+    }
     if (t == e.start) continue;
     auto& order = order_[d];
     order.erase({e.start, i});

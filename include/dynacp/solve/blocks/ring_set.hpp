@@ -72,6 +72,7 @@ class RingPicker {
   std::map<int, std::vector<Entry>> rings_;                        // by degree, set order
   std::map<int, std::set<std::pair<double, std::size_t>>> order_;  // by degree: (start, index)
   std::vector<std::vector<std::pair<int, std::size_t>>> on_node_;  // node -> (degree, index) of its rings
+  std::vector<double> seen_;                                       // per rank: the free time last reported
   int rpn_;
 };
 
