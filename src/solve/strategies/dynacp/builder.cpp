@@ -143,6 +143,18 @@ double Builder::time1(const Seq& s, int d) const {
   return cost_.time(g, d, cluster_);
 }
 
+int Builder::first_within(const Seq& s, int k, double tau) const {
+  int a = s.lo[k], z = s.arg[k];
+  while (a < z) {
+    const int m = a + (z - a) / 2;
+    if (time1(s, m) <= tau)
+      z = m;
+    else
+      a = m + 1;
+  }
+  return a;
+}
+
 // T(s, d) falls to arg[k] on each piece and rises after it (degree_for's binary search relies on the first half),
 // so among the allowed degrees of a piece the smallest within tau is the first one at or after the smallest degree
 // within tau, and the fastest is an allowed neighbour of arg[k]: O(log) cost evaluations, not one per allowed size.
@@ -156,14 +168,7 @@ int Builder::allowed_degree_for(const Seq& s, double tau) const {
     const auto last = std::upper_bound(first, allowed_sizes_.end(), hi[k]);
     if (first == last) continue;
     if (time1(s, s.arg[k]) <= tau) {
-      int a = s.lo[k], z = s.arg[k];
-      while (a < z) {
-        const int m = a + (z - a) / 2;
-        if (time1(s, m) <= tau)
-          z = m;
-        else
-          a = m + 1;
-      }
+      const int a = first_within(s, k, tau);
       if (const auto it = std::lower_bound(first, last, a); it != last && time1(s, *it) <= tau) return *it;
     }
     const auto up = std::lower_bound(first, last, s.arg[k]);
@@ -181,17 +186,7 @@ int Builder::degree_for(const Seq& s, double tau) const {
   int best = 0;
   for (int k = 0; k < 2; ++k) {
     if (s.arg[k] == 0) continue;
-    if (time1(s, s.arg[k]) <= tau) {
-      int a = s.lo[k], z = s.arg[k];
-      while (a < z) {
-        const int m = a + (z - a) / 2;
-        if (time1(s, m) <= tau)
-          z = m;
-        else
-          a = m + 1;
-      }
-      return a;
-    }
+    if (time1(s, s.arg[k]) <= tau) return first_within(s, k, tau);
     if (best == 0 || time1(s, s.arg[k]) < time1(s, best)) best = s.arg[k];
   }
   return best;

@@ -181,8 +181,9 @@ class Builder {
   const CostModel& cost_;
   const DynacpTuning& tuning_;
   const RingSet* rings_;
-  std::vector<int> allowed_sizes_;                         // under a ring set: 1 and its sizes, ascending
-  int allowed_degree_for(const Seq& s, double tau) const;  // degree_for under a ring set
+  std::vector<int> allowed_sizes_;                          // under a ring set: 1 and its sizes, ascending
+  int allowed_degree_for(const Seq& s, double tau) const;   // degree_for under a ring set
+  int first_within(const Seq& s, int k, double tau) const;  // smallest d of piece k with T(s, d) <= tau
   std::int64_t cap_ = 0;
   std::vector<Seq> seqs_;
   std::vector<std::size_t> order_;  // by work, heaviest first (ties: lower index)
