@@ -57,7 +57,7 @@ def _worker(rank: int, world: int, port: int, out: str, samples: int, steps: int
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
-    groups = make_process_groups(timeout=datetime.timedelta(seconds=120))
+    groups = make_process_groups(timeout=datetime.timedelta(seconds=120), cp_groups="lazy")
     rng = np.random.default_rng(seed * 1000 + rank)
     per = samples // world
 

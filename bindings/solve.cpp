@@ -198,7 +198,7 @@ void bind_solve(py::module_& m) {
 
   py::class_<PlanOptions>(m, "PlanOptions", "Strategy and pipeline options of one planning call.")
       .def(py::init([](std::string strategy, int pp, int vpp, CountPolicy count_policy, bool tight_bound, int threads,
-                       double time_limit_s, const py::object& tuning) {
+                       double time_limit_s, const py::object& tuning, std::vector<std::vector<int>> ring_set) {
              PlanOptions o;
              o.strategy = std::move(strategy);
              o.pp = pp;
@@ -208,11 +208,15 @@ void bind_solve(py::module_& m) {
              o.threads = threads;
              o.time_limit_s = time_limit_s;
              if (!tuning.is_none()) o.tuning = tuning.cast<DynacpTuning>();
+             o.ring_set = std::move(ring_set);
              return o;
            }),
            py::arg("strategy") = "dynacp", py::arg("pp") = 1, py::arg("vpp") = 1,
            py::arg("count_policy") = CountPolicy::Variable, py::arg("tight_bound") = true, py::arg("threads") = 0,
-           py::arg("time_limit_s") = 0.0, py::arg("tuning") = py::none())
+           py::arg("time_limit_s") = 0.0, py::arg("tuning") = py::none(),
+           py::arg("ring_set") = std::vector<std::vector<int>>{})
+      .def_readwrite("ring_set", &PlanOptions::ring_set,
+                     "rings (pool ranks, ring order) every multi-rank group must use; empty = any ring")
       .def_readwrite("threads", &PlanOptions::threads, "dynacp: solver threads; 0 = every hardware thread")
       .def_readwrite("time_limit_s", &PlanOptions::time_limit_s,
                      "dynacp: seconds after which the best plan so far is returned (Plan.partial); 0 = none")

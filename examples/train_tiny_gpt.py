@@ -64,7 +64,7 @@ def main() -> None:
     args = parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
-    groups = make_process_groups(timeout=datetime.timedelta(seconds=args.timeout))
+    groups = make_process_groups(timeout=datetime.timedelta(seconds=args.timeout), cp_groups="lazy")
     cfg = TinyGPTConfig(vocab=64, hidden=64, heads=4, layers=2, max_positions=world * args.capacity)
     torch.manual_seed(0)
     model = TinyGPT(cfg)

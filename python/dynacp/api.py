@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -56,6 +56,7 @@ def plan(
     threads: int = 0,
     time_limit: Optional[float] = None,
     tuning: Optional[_core.DynacpTuning] = None,
+    ring_set: Optional[Sequence[Sequence[int]]] = None,
 ) -> _core.Plan:
     """Plan one global batch.
 
@@ -80,6 +81,11 @@ def plan(
             within about 0.1 s either way.
         tuning: ``dynacp`` only: a :class:`dynacp.DynacpTuning` overriding search constants (experiments; e.g.
             ``DynacpTuning(skip_families=["shelves"])``). ``plan.family`` names the family that produced the plan.
+        ring_set: rings (pool ranks, ring order, 2 or more ranks each) that every multi-rank group must use, e.g. the
+            process groups TransformerEngine needs, pre-built at start-up
+            (:func:`dynacp.integration.rings.select_ring_set`). ``dynacp`` chooses its degrees and rings from the set
+            while it searches; the other strategies' plans are projected onto it after their solve (the fallback).
+            ``None`` (default): any ring.
 
     Returns:
         A validated :class:`dynacp.Plan` with ``predicted`` filled.
@@ -96,7 +102,8 @@ def plan(
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit must be > 0 seconds (or None for no limit), got {time_limit}")
     options = _core.PlanOptions(strategy=strategy, pp=pp, vpp=vpp, count_policy=policy, tight_bound=tight_bound,
-                                threads=threads, time_limit_s=time_limit or 0.0, tuning=tuning)
+                                threads=threads, time_limit_s=time_limit or 0.0, tuning=tuning,
+                                ring_set=[[int(r) for r in ring] for ring in ring_set or []])
     return _core.plan(arr, cluster, cost, options, masks_)
 
 

@@ -9,6 +9,7 @@
 #include "dynacp/sim/pipeline.hpp"
 #include "dynacp/solve/blocks/evaluate.hpp"
 #include "dynacp/solve/blocks/placement.hpp"
+#include "dynacp/solve/blocks/ring_set.hpp"
 #include "dynacp/solve/bounds/lower_bound.hpp"
 
 namespace dynacp {
@@ -164,6 +165,7 @@ Plan plan(const Batch& batch, const Cluster& cluster, const CostModel& cost, con
     }
   warn_near_capacity(batch, cap, cluster.num_ranks);
 
+  const solve::RingSet rings(options.ring_set, cluster.num_ranks);                       // validated before the solve
   const double lb = options.pp > 1 ? lower_bound(batch, cluster, cost, options) : -1.0;  // once, not per candidate
   const std::vector<GroupStats> single = single_stats(batch, cost);
   PlanOptions opts = options;
@@ -179,6 +181,8 @@ Plan plan(const Batch& batch, const Cluster& cluster, const CostModel& cost, con
   };
   const auto t0 = std::chrono::steady_clock::now();
   Plan out = strategy.fn(batch, cluster, cost, opts);
+  // dynacp plans inside the ring set; the other strategies' plans are projected onto it here (the fallback).
+  out = rings.project(std::move(out), batch, cluster, cost);
   out.solve_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   out.strategy = strategy.name;
   out.num_ranks = cluster.num_ranks;

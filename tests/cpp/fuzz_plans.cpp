@@ -3,7 +3,7 @@
 // multiple 2 or 4) and never beat the lower bound; dynacp must never be slower than another
 // strategy. The tight bound (with the cover term) is computed once per instance; the plans report the bound without
 // it (tight_bound = false), which must not exceed it.
-//   fuzz_plans [--instances N] [--seed S] [--extended 1] [--links 1]
+//   fuzz_plans [--instances N] [--seed S] [--extended 1] [--links 1] [--ring-sets 1]
 //   (CTest runs short versions; docs/benchmarks.md the long ones)
 // --extended 1 also draws the extended model form's per-document terms (CostModel::extended(): s^1.5 and s log s
 // attention terms, per-document, per-hop and single-rank floors, partial overlap) at random, from their own random
@@ -11,6 +11,9 @@
 // --links 1 also draws the links at random, from a third stream: intra- and inter-node bandwidth and latency each
 // over a wide range, so that in about half the instances the inter-node link is the faster in bandwidth or latency
 // (where the cross-node family applies); without it every instance keeps the default links (NVLink faster).
+// --ring-sets 1 also draws a ring set per instance (PlanOptions::ring_set), from a fourth stream: the power-of-two
+// tilings of each node (or of the pool), a few random rings, and the whole pool; every multi-rank group of every
+// strategy's plan must then be a ring of the set, in its ring order.
 // Anchor plans the simulator rejects - a 1F1B deadlock, or under vpp > 1 microbatch counts that are not multiples
 // of pp (megatron raises when it cannot split to one) - count separately; dynacp must plan every instance where any
 // other strategy does (under vpp > 1 a batch may have no plan whose counts are all multiples of pp).
@@ -25,10 +28,56 @@
 
 using namespace dynacp;
 
+namespace {
+
+// A random ring set: power-of-two sizes tiled per node (or over the pool when kept), random rings of random sizes
+// (random ranks in random order), and the whole pool (so every sequence that fits the pool has a ring).
+std::vector<std::vector<int>> draw_ring_set(const Cluster& c, std::mt19937_64& rng) {
+  std::vector<std::vector<int>> out;
+  auto add = [&](std::vector<int> ring) {
+    std::vector<int> key = ring;
+    std::sort(key.begin(), key.end());
+    for (const auto& r : out) {
+      std::vector<int> k2 = r;
+      std::sort(k2.begin(), k2.end());
+      if (k2 == key) return;
+    }
+    out.push_back(std::move(ring));
+  };
+  const int P = c.num_ranks, span = rng() % 2 ? c.ranks_per_node : P;
+  for (int d = 2; d <= span; d *= 2)
+    if (rng() % 4 != 0)
+      for (int base = 0; base + span <= P; base += span)
+        for (int a = 0; a + d <= span; a += d) {
+          std::vector<int> ring(static_cast<std::size_t>(d));
+          for (int j = 0; j < d; ++j) ring[static_cast<std::size_t>(j)] = base + a + j;
+          add(ring);
+        }
+  std::vector<int> all(static_cast<std::size_t>(P));
+  for (int r = 0; r < P; ++r) all[static_cast<std::size_t>(r)] = r;
+  for (int k = static_cast<int>(rng() % 6); k > 0 && P >= 2; --k) {
+    std::vector<int> perm = all;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    perm.resize(static_cast<std::size_t>(2 + rng() % static_cast<std::uint64_t>(P - 1)));
+    add(perm);
+  }
+  if (P >= 2) add(all);
+  return out;
+}
+
+bool inside(const Plan& p, const std::vector<std::vector<int>>& rings) {
+  for (const auto& slot : p.microbatches)
+    for (const Group& g : slot)
+      if (g.degree() > 1 && std::find(rings.begin(), rings.end(), g.ranks) == rings.end()) return false;
+  return true;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   long instances = 1000;
   std::uint64_t seed = 1;
-  bool extended = false, links = false;
+  bool extended = false, links = false, ring_sets = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--instances"))
       instances = std::stol(argv[i + 1]);
@@ -38,8 +87,11 @@ int main(int argc, char** argv) {
       extended = std::stoi(argv[i + 1]) != 0;
     else if (!std::strcmp(argv[i], "--links"))
       links = std::stoi(argv[i + 1]) != 0;
+    else if (!std::strcmp(argv[i], "--ring-sets"))
+      ring_sets = std::stoi(argv[i + 1]) != 0;
   }
-  std::mt19937_64 rng(seed), ext_rng(seed ^ 0x9e3779b97f4a7c15ULL), link_rng(seed ^ 0xc2b2ae3d27d4eb4fULL);
+  std::mt19937_64 rng(seed), ext_rng(seed ^ 0x9e3779b97f4a7c15ULL), link_rng(seed ^ 0xc2b2ae3d27d4eb4fULL),
+      ring_rng(seed ^ 0x165667b19e3779f9ULL);
   long plans = 0, failed = 0, deadlocks = 0, unaligned = 0, unplanned = 0, dynacp_worse = 0, inter_faster = 0;
   const auto names = solve::strategy_names();
   for (long it = 0; it < instances; ++it) {
@@ -79,6 +131,7 @@ int main(int argc, char** argv) {
     c.seq_pad_multiple = it % 7 == 3 ? 4 : 2;  // zigzag's 2, and lcm(2, tp) with sequence parallelism at tp = 4
     const std::int64_t longest = cap / c.seq_pad_multiple * c.seq_pad_multiple * c.num_ranks;  // fits once padded
     PlanOptions o;
+    if (ring_sets) o.ring_set = draw_ring_set(c, ring_rng);
     o.pp = it % 5 == 0 ? 4 : (it % 5 == 1 || it % 5 == 2 ? 2 : 1);
     o.vpp = it % 5 == 2 ? 2 : 1;
     Batch b;  // under vpp > 1 at least pp sequences (fewer cannot give every rank a multiple of pp microbatches)
@@ -101,6 +154,7 @@ int main(int argc, char** argv) {
         if (p.predicted.peak_tokens_per_rank > cap) throw Error("a group's padded rows per rank exceed the cap");
         if (p.predicted.step_time < tight * (1 - 1e-9)) throw Error("step time below the lower bound");
         if (p.predicted.lower_bound > tight * (1 + 1e-12)) throw Error("the bound without the cover term is higher");
+        if (ring_sets && !inside(p, o.ring_set)) throw Error("a group is not a ring of the ring set");
         if (name == "dynacp")
           dyn = p.predicted.step_time;
         else
@@ -135,18 +189,19 @@ int main(int argc, char** argv) {
       }
     }
     if (dyn >= 0 && best_other >= 0 && dyn > best_other * (1 + 1e-9)) {
-      ++dynacp_worse;
+      ++dynacp_worse;  // (with ring sets a quality count only: the others' plans are projected, not searched)
       std::fprintf(stderr, "instance %ld: dynacp %.6g slower than another strategy %.6g\n", it, dyn, best_other);
     }
   }
   std::printf(
-      "fuzz%s: %ld instances, %ld plans, %ld anchor plans rejected as 1F1B deadlocks, %ld as not interleavable "
+      "fuzz%s%s: %ld instances, %ld plans, %ld anchor plans rejected as 1F1B deadlocks, %ld as not interleavable "
       "(vpp 2), %ld batches no strategy could interleave, %ld dynacp slower\n",
-      extended ? " (extended form)" : "", instances, plans, deadlocks, unaligned, unplanned, dynacp_worse);
+      extended ? " (extended form)" : "", ring_sets ? " (ring sets)" : "", instances, plans, deadlocks, unaligned,
+      unplanned, dynacp_worse);
   if (links)
     std::printf("fuzz (random links): %ld instances on more than one node with a faster inter-node link\n",
                 inter_faster);
-  std::printf("fuzz: %ld passed, %ld failed\n", plans - failed - deadlocks - unaligned - unplanned,
-              failed + dynacp_worse);
-  return failed + dynacp_worse == 0 ? 0 : 1;
+  const long fails = failed + (ring_sets ? 0 : dynacp_worse);
+  std::printf("fuzz: %ld passed, %ld failed\n", plans - failed - deadlocks - unaligned - unplanned, fails);
+  return fails == 0 ? 0 : 1;
 }

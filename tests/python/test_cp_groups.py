@@ -41,7 +41,10 @@ def _batches(steps: int, world: int) -> list[list[int]]:
 def _train(rank: int, world: int, mode: str, steps: int) -> dict:
     torch.set_num_threads(1)  # 4 processes share 2 cores: intra-op threads would oversubscribe them
     rings = ring_set(world, world) if mode == "prebuilt" else None
-    groups = make_process_groups(timeout=datetime.timedelta(seconds=PG_TIMEOUT_S), cp_groups=mode, ring_set=rings)
+    kwargs = {} if mode == "default" else {"cp_groups": mode, "ring_set": rings}
+    if mode == "prebuilt-default":  # the default set of the pool, and the wrapper plans on it (Planner.ring_set None)
+        kwargs = {"cp_groups": "prebuilt"}
+    groups = make_process_groups(timeout=datetime.timedelta(seconds=PG_TIMEOUT_S), **kwargs)
     calls: list = []
     original = dist.new_group
 
@@ -77,8 +80,9 @@ def _train(rank: int, world: int, mode: str, steps: int) -> dict:
                 loss = float(loss_sum.detach())
             finalize_grads(model.parameters(), groups, gb.num_valid_tokens)
             opt.step()
+        pool_set = groups.cp_pool.ring_set
         return {"new_group_calls": len(calls), "created": groups.cp_pool.created_after_startup,
-                "rings": sorted(seen), "set": None if rings is None else [tuple(r) for r in rings],
+                "rings": sorted(seen), "set": None if pool_set is None else [tuple(r) for r in pool_set],
                 "loss": loss}
     finally:
         dist.new_group = original
@@ -91,6 +95,22 @@ def test_hundred_steps_with_dynacp_ring_create_no_process_group():
         assert np.isfinite(r["loss"])
     rings = set(results[0]["rings"])
     assert len(rings) >= 4 and {len(x) for x in rings} >= {2, 4}, rings  # real multi-rank rings ran
+
+
+def test_hundred_steps_with_default_settings_create_no_process_group():
+    """Issue 35: the defaults (make_process_groups() and Planner()) never create a group after start-up."""
+    results = run_workers(_train, 4, deadline=600, mode="default", steps=100)
+    for r in results:
+        assert r["new_group_calls"] == 0 and r["created"] == 0, r["new_group_calls"]
+    assert len(results[0]["rings"]) >= 2  # multi-rank rings ran
+
+
+def test_default_prebuilt_set_is_planned_on():
+    results = run_workers(_train, 4, deadline=600, mode="prebuilt-default", steps=20)
+    for r in results:
+        assert r["new_group_calls"] == 0 and r["created"] == 0
+        assert r["set"] == [(0, 1), (2, 3), (0, 1, 2, 3)] or set(r["set"]) == {(0, 1), (2, 3), (0, 1, 2, 3)}
+        assert set(r["rings"]) <= set(r["set"]), set(r["rings"]) - set(r["set"])
 
 
 def test_prebuilt_ring_set_serves_every_plan():

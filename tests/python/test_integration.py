@@ -378,7 +378,7 @@ def test_pad_multiple_four_trains_like_the_reference(reference):
 
 
 def _mismatch_worker(rank: int, world: int, bad_rank: int) -> str:
-    groups = make_process_groups(timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    groups = make_process_groups(timeout=datetime.timedelta(seconds=PG_TIMEOUT_S), cp_groups="lazy")
     stream = iter(rank_share(make_global_batch(BATCHES[0], seed=0), rank, world))
     planner = make_planner("equal", async_planning=False)
     if rank == bad_rank:
@@ -401,7 +401,8 @@ def test_plan_mismatch_fails_everywhere_within_timeout():
 
 
 def _pp_tp_worker(rank: int, world: int, tp: int, pp: int) -> dict:
-    groups = make_process_groups(tp_size=tp, pp_size=pp, timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    groups = make_process_groups(tp_size=tp, pp_size=pp, timeout=datetime.timedelta(seconds=PG_TIMEOUT_S),
+                                 cp_groups="lazy")
     pool = groups.pool_size
     has_data = groups.pp_rank == 0 and groups.tp_rank == 0
     lengths = [40, 9, 30, 3, 17, 12]

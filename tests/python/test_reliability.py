@@ -194,7 +194,8 @@ def _fail_scenario(rank: int, groups, stages_read: bool, kind: str, bad_rank: in
 def _fail_worker(rank: int, world: int, out_dir: str, scenarios: list, tp: int, pp: int,
                  stages_read: bool = False) -> dict:
     """Every scenario in turn on the same processes: the failing rank carries on (alive) to the next one."""
-    groups = make_process_groups(tp_size=tp, pp_size=pp, timeout=datetime.timedelta(seconds=SLOW_TIMEOUT_S))
+    groups = make_process_groups(tp_size=tp, pp_size=pp, timeout=datetime.timedelta(seconds=SLOW_TIMEOUT_S),
+                                 cp_groups="lazy")
     return {"scenarios": [_fail_scenario(rank, groups, stages_read, *sc[:4]) for sc in scenarios]}
 
 
@@ -309,7 +310,7 @@ class _KillingIterator(DynamicCPDataIterator):
 
 
 def _kill_worker(rank: int, world: int, out_dir: str, victim: int, point: str, sig: int) -> dict:
-    groups = make_process_groups(timeout=datetime.timedelta(seconds=KILL_TIMEOUT_S))
+    groups = make_process_groups(timeout=datetime.timedelta(seconds=KILL_TIMEOUT_S), cp_groups="lazy")
     samples = [s for step in range(2) for s in rank_share(make_global_batch(BATCHES[step], seed=step), rank, world)]
     planner = _planner("variable", KILL_TIMEOUT_S, async_planning=False)
     cls = type("K", (_KillingIterator,), {"kill_at": point if rank == victim else "", "out_dir": out_dir,
@@ -374,7 +375,7 @@ def _global_empty_batch() -> list[dict]:
 
 
 def _empty_worker(rank: int, world: int, out_dir: str) -> dict:
-    groups = make_process_groups(timeout=datetime.timedelta(seconds=SLOW_TIMEOUT_S))
+    groups = make_process_groups(timeout=datetime.timedelta(seconds=SLOW_TIMEOUT_S), cp_groups="lazy")
     records: list[str] = []
 
     class Keep(logging.Handler):
@@ -448,7 +449,7 @@ def test_empty_samples_are_skipped_counted_and_the_gradient_is_unchanged():
 
 
 def _all_empty_worker(rank: int, world: int, out_dir: str) -> dict:
-    groups = make_process_groups(timeout=datetime.timedelta(seconds=SLOW_TIMEOUT_S))
+    groups = make_process_groups(timeout=datetime.timedelta(seconds=SLOW_TIMEOUT_S), cp_groups="lazy")
     item = {"tokens": torch.zeros(0, dtype=torch.long), "labels": torch.zeros(0, dtype=torch.long)}
     w = DynamicCPDataIterator(iter([item, item]), planner=_planner("variable", SLOW_TIMEOUT_S),
                               groups=groups, num_samples=2)

@@ -38,6 +38,11 @@ struct PlanOptions {
   /// `dynacp` only: seconds after which no new candidate is built; the best plan found so far is returned with
   /// Plan::partial set. 0 = no limit.
   double time_limit_s = 0.0;
+  /// Rings (pool ranks, ring order; 2 or more ranks each) every group of more than one rank must use: the process
+  /// groups a runtime pre-builds (TransformerEngine needs one per ring). `dynacp` picks its rings and degrees from the
+  /// set and scores each candidate on the set (solve/blocks/ring_set.hpp), so it chooses among constrained plans; the
+  /// other strategies' plans are projected onto the set after their solve (the fallback). Empty = any ring.
+  std::vector<std::vector<int>> ring_set;
   /// Called between candidate builds on the calling thread; may throw to abort the solve (Python's bindings raise
   /// KeyboardInterrupt from it on Ctrl-C). Empty = never.
   std::function<void()> check_interrupt;

@@ -15,6 +15,7 @@ import numpy as np
 import torch.distributed as dist
 
 import dynacp
+from dynacp import log
 from dynacp.integration.status import Timed
 
 
@@ -64,12 +65,13 @@ class Planner:
     carries them runs either way: it is also the status exchange that makes a rank's planning error fail every
     rank together."""
     ring_set: Optional[Sequence[Sequence[int]]] = None
-    """Restrict every plan to these CP rings (pool indices, ring order), e.g. ``rings.ring_set(pool_size,
-    ranks_per_node)``: for attention that needs one process group per ring (TransformerEngine), with
-    ``make_process_groups(cp_groups="prebuilt", ring_set=...)`` creating exactly these groups at start-up. Each plan
-    is mapped onto the set by :func:`dynacp.integration.rings.restrict_plan` and re-predicted; what this costs on
-    the benchmark workloads is in docs/benchmarks.md. ``None`` (default): no restriction (pp = 1 plans only when set).
-    """
+    """Plan with only these CP rings (pool indices, ring order), e.g.
+    ``rings.select_ring_set(samples, cluster, cost)``: for attention that needs one process group per ring
+    (TransformerEngine), with ``make_process_groups(cp_groups="prebuilt", ring_set=...)`` creating exactly these
+    groups at start-up. The solver takes the constraint (``dynacp.plan(..., ring_set=...)``: dynacp searches among
+    plans on the set; other strategies are projected onto it). ``None`` (default): no restriction, except that the
+    wrapper uses the pool's pre-built set when ``cp_groups="prebuilt"``; what the constraint costs on the benchmark
+    workloads is in docs/benchmarks.md."""
     plan_fn: Optional[Callable[[np.ndarray], dynacp.Plan]] = None
     """Override: a deterministic function of the int64 lengths array returning a Plan (custom schedulers, tests).
     It must be deterministic and identical on every rank; the digest check still applies."""
@@ -102,19 +104,10 @@ class Planner:
     def plan(self, lengths: np.ndarray, pool_size: int) -> dynacp.Plan:
         """Plan one global batch (releases the GIL inside the C++ solver)."""
         if self.plan_fn is not None:
-            plan = self.plan_fn(lengths)
-        else:
-            plan = dynacp.plan(lengths, cluster=self.resolved_cluster(pool_size), cost=self.cost or dynacp.CostModel(),
-                               strategy=self.strategy, pp=self.pp, vpp=self.vpp, count_policy=self.count_policy,
-                               tight_bound=self.tight_bound)
-        if self.ring_set is None:
-            return plan
-        from dynacp.integration.rings import restrict_plan
-
-        options = dynacp.PlanOptions()
-        options.pp, options.vpp = self.pp, self.vpp
-        return restrict_plan(plan, lengths, self.resolved_cluster(pool_size), self.cost or dynacp.CostModel(),
-                             self.ring_set, options)
+            return self.plan_fn(lengths)
+        return dynacp.plan(lengths, cluster=self.resolved_cluster(pool_size), cost=self.cost or dynacp.CostModel(),
+                           strategy=self.strategy, pp=self.pp, vpp=self.vpp, count_policy=self.count_policy,
+                           tight_bound=self.tight_bound, ring_set=self.ring_set)
 
     def fingerprint(self) -> str:
         """A short stable hash of everything that determines the plan (for the cross-rank check)."""
@@ -161,8 +154,10 @@ class CPGroupPool:
 
     * ``"pool"``: no group per ring. :meth:`ensure` creates nothing and :meth:`get` returns ``None``; dynacp's own
       ring attention runs on the pool group by pool rank (:class:`CPRing`). No process group after start-up.
-    * ``"lazy"``: a ``torch.distributed.new_group`` per new ring, created when a plan first uses it (the behaviour
-      before ``"pool"`` existed; the all-gather oracle and per-ring-group attention without a bounded set).
+    * ``"lazy"``: a ``torch.distributed.new_group`` per new ring, created when a plan first uses it, in the middle
+      of training (with NCCL a collective over the world and a communicator with its own buffers per ring); only
+      when asked for (the all-gather oracle, per-ring-group attention without a bounded set). The first group it
+      creates logs a warning on the ``dynacp`` logger.
     * ``"prebuilt"``: the groups of ``ring_set`` (pool indices) are created in the constructor, at start-up;
       :meth:`ensure` raises ValueError for a ring outside the set (set ``Planner.ring_set`` to the same rings).
 
@@ -170,11 +165,11 @@ class CPGroupPool:
     each rank's own group count and deadlocks when ranks create overlapping groups in different numbers), so both
     creating modes walk rings in one order and create each ring's group for every pool in ``all_pools``. Groups
     keep the ring order (``sort_ranks=False``): the group rank of a member is its ring position (zigzag chunk).
-    ``created_after_startup`` counts the groups :meth:`ensure` created.
+    ``created_after_startup`` counts the groups :meth:`ensure` created. The default mode is ``"pool"``.
     """
 
     def __init__(self, all_pools: Sequence[Sequence[int]], my_pool: int, timeout: datetime.timedelta,
-                 mode: str = "lazy", ring_set: Optional[Sequence[Sequence[int]]] = None):
+                 mode: str = "pool", ring_set: Optional[Sequence[Sequence[int]]] = None):
         if mode not in CP_GROUP_MODES:
             raise ValueError(f"CPGroupPool mode must be one of {CP_GROUP_MODES}, got {mode!r}")
         if (mode == "prebuilt") != (ring_set is not None):
@@ -185,6 +180,10 @@ class CPGroupPool:
         self.mode = mode
         self.created_after_startup = 0
         self._groups: dict[tuple[int, ...], Optional[dist.ProcessGroup]] = {}
+        self.ring_set: Optional[list[tuple[int, ...]]] = (None if ring_set is None else
+                                                          [tuple(int(r) for r in ring) for ring in ring_set])
+        """The pre-built rings (``"prebuilt"``), else ``None``; the wrapper plans with them when
+        ``Planner.ring_set`` is ``None``."""
         if ring_set is not None:
             self._create([tuple(int(r) for r in ring) for ring in ring_set])
 
@@ -222,7 +221,12 @@ class CPGroupPool:
                                  f"({len(self._groups)} rings); set Planner.ring_set to the rings the pool was "
                                  "built with")
             return
-        self.created_after_startup += self._create(keys)
+        made = self._create(keys)
+        if made and self.created_after_startup == 0:
+            log.logger.warning("cp_groups='lazy' created %d CP process group(s) after start-up (with NCCL: a collective "
+                               "over the world and a communicator with its own buffers each); use "
+                               "cp_groups='pool' with dynacp's ring attention, or 'prebuilt' with a ring set", made)
+        self.created_after_startup += made
 
     def get(self, ring: Sequence[int]) -> Optional[dist.ProcessGroup]:
         """The group of ``ring`` (pool indices) in this rank's pool; ``None`` for a ring of one rank and in
@@ -292,15 +296,18 @@ class ProcessGroups:
 
 
 def make_process_groups(tp_size: int = 1, pp_size: int = 1,
-                        timeout: datetime.timedelta = datetime.timedelta(seconds=300), *, cp_groups: str = "lazy",
-                        ring_set: Optional[Sequence[Sequence[int]]] = None) -> ProcessGroups:
+                        timeout: datetime.timedelta = datetime.timedelta(seconds=300), *, cp_groups: str = "pool",
+                        ring_set: Optional[Sequence[Sequence[int]]] = None,
+                        cluster: Optional[dynacp.Cluster] = None) -> ProcessGroups:
     """Build :class:`ProcessGroups` for world = PP x DP_CP x TP with TP fastest:
     ``rank = (pp_rank * dp_cp_size + pool_index) * tp_size + tp_rank``. Collective: every rank calls it.
 
-    ``cp_groups`` (see :class:`CPGroupPool`): ``"pool"`` for dynacp's own ring attention (no process group is ever
-    created after this call), ``"prebuilt"`` with ``ring_set`` (pool indices) for attention that needs a group per
-    ring (TransformerEngine; pair it with ``Planner(ring_set=...)``), ``"lazy"`` (default, the behaviour of earlier
-    versions) for a group per ring created on first use.
+    ``cp_groups`` (see :class:`CPGroupPool`): ``"pool"`` (default) for dynacp's own ring attention (no process group
+    is ever created after this call); ``"prebuilt"`` for attention that needs a group per ring (TransformerEngine):
+    the groups of ``ring_set`` (pool indices; e.g. :func:`~dynacp.integration.rings.select_ring_set`), by default
+    :func:`~dynacp.integration.rings.power_of_two_set` of ``cluster`` (default: the pool as one node), all created
+    here, and the wrapper plans on them; ``"lazy"`` only when asked: a group per ring created on first use, in the
+    middle of training (warned about once).
     """
     world, me = dist.get_world_size(), dist.get_rank()
     if world % (tp_size * pp_size):
@@ -333,14 +340,19 @@ def make_process_groups(tp_size: int = 1, pp_size: int = 1,
     return ProcessGroups(
         dp_cp=dp_cp, pool_ranks=pools[my_pool],
         cp_pool=CPGroupPool(pools, my_pool, timeout, cp_groups, None if cp_groups != "prebuilt" else
-                            ring_set if ring_set is not None else _missing_ring_set()),
+                            ring_set if ring_set is not None else _default_ring_set(cluster, dpcp)),
         tp=tp if tp_size > 1 else None, tp_src=rank(my_p, my_d, 0),
         pp=pp if pp_size > 1 else None, pp_src=rank(0, my_d, my_t), timeout=timeout)
 
 
-def _missing_ring_set():
-    raise ValueError("make_process_groups(cp_groups='prebuilt') needs ring_set= (e.g. rings.ring_set(pool_size, "
-                     "ranks_per_node))")
+def _default_ring_set(cluster: Optional[dynacp.Cluster], pool_size: int) -> list:
+    from dynacp.integration.rings import power_of_two_set
+
+    cluster = cluster or dynacp.Cluster(num_ranks=pool_size, ranks_per_node=pool_size)
+    if cluster.num_ranks != pool_size:
+        raise ValueError(f"make_process_groups: cluster.num_ranks = {cluster.num_ranks} but the DP x CP pool has "
+                         f"{pool_size} ranks")
+    return power_of_two_set(cluster)
 
 
 def replace(obj, **changes):

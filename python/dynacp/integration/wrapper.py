@@ -34,6 +34,7 @@ subclass may wrap (the reliability tests and benchmarks/reroute_memory.py do).
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import time
 from typing import Iterable, Iterator, Optional
 
@@ -76,6 +77,8 @@ class DynamicCPDataIterator:
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         self.data_iterator = None if data_iterator is None else iter(data_iterator)
+        if planner.ring_set is None and groups.cp_pool.ring_set is not None:  # plan on the pre-built groups
+            planner = dataclasses.replace(planner, ring_set=groups.cp_pool.ring_set)
         self.planner = planner
         self.groups = groups
         self.num_samples = num_samples

@@ -10,7 +10,9 @@
 
 namespace dynacp::solve::dyn {
 
-NodePicker::NodePicker(int P, int rpn) : rpn_(rpn), nodes_(P / rpn), sorted_(static_cast<std::size_t>(P / rpn)) {
+NodePicker::NodePicker(int P, int rpn, const RingSet* rings)
+    : rpn_(rpn), nodes_(P / rpn), sorted_(static_cast<std::size_t>(P / rpn)) {
+  if (rings != nullptr) rings_.emplace(*rings, P, rpn);
   if (nodes_ > kScanNodes) kth_.resize(static_cast<std::size_t>(rpn));
   for (int n = 0; n < nodes_; ++n) {
     for (int j = 0; j < rpn; ++j) sorted_[static_cast<std::size_t>(n)].push_back({0.0, n * rpn + j});
@@ -29,6 +31,8 @@ int NodePicker::earliest(int d) const {
 }
 
 std::vector<int> NodePicker::pick(int d, const std::vector<double>& free) const {
+  if (rings_ && d > 1)
+    if (std::vector<int> ring = rings_->pick(d); !ring.empty()) return ring;
   std::vector<int> out;
   if (d <= rpn_) {
     const int node = earliest(d);
@@ -60,6 +64,7 @@ std::vector<int> NodePicker::pick(int d, const std::vector<double>& free) const 
 }
 
 void NodePicker::update(int node, const std::vector<double>& free) {
+  if (rings_) rings_->update(node, free);
   auto& s = sorted_[static_cast<std::size_t>(node)];
   for (std::size_t k = 0; k < kth_.size(); ++k) kth_[k].erase({s[k].first, node});
   for (auto& [t, r] : s) t = free[static_cast<std::size_t>(r)];
@@ -92,9 +97,13 @@ std::vector<std::size_t> own_order(const std::vector<double>& w, OwnOrder order,
   return out;
 }
 
-Builder::Builder(const Batch& b, const Cluster& c, const CostModel& m, const DynacpTuning& tuning)
-    : batch_(b), cluster_(c), cost_(m), tuning_(tuning) {
+Builder::Builder(const Batch& b, const Cluster& c, const CostModel& m, const DynacpTuning& tuning, const RingSet* rings)
+    : batch_(b), cluster_(c), cost_(m), tuning_(tuning), rings_(rings != nullptr && rings->empty() ? nullptr : rings) {
   cap_ = cost_.token_capacity(cluster_);
+  if (rings_ != nullptr) {
+    allowed_sizes_ = rings_->sizes();
+    allowed_sizes_.insert(allowed_sizes_.begin(), 1);
+  }
   // Sequences of one length and mask share every field but the id (piece_minima alone takes a few dozen cost
   // evaluations): each distinct pair is computed once and copied. (The map is only looked up, never iterated.)
   std::unordered_map<std::int64_t, std::size_t> first_of[2];  // per mask: length -> its first sequence's index
@@ -134,21 +143,50 @@ double Builder::time1(const Seq& s, int d) const {
   return cost_.time(g, d, cluster_);
 }
 
+int Builder::first_within(const Seq& s, int k, double tau) const {
+  int a = s.lo[k], z = s.arg[k];
+  while (a < z) {
+    const int m = a + (z - a) / 2;
+    if (time1(s, m) <= tau)
+      z = m;
+    else
+      a = m + 1;
+  }
+  return a;
+}
+
+// T(s, d) falls to arg[k] on each piece and rises after it (degree_for's binary search relies on the first half),
+// so among the allowed degrees of a piece the smallest within tau is the first one at or after the smallest degree
+// within tau, and the fastest is an allowed neighbour of arg[k]: O(log) cost evaluations, not one per allowed size.
+int Builder::allowed_degree_for(const Seq& s, double tau) const {
+  const int hi[2] = {cluster_.ranks_per_node, cluster_.num_ranks};
+  int best = 0;
+  double best_t = 0.0;
+  for (int k = 0; k < 2; ++k) {
+    if (s.arg[k] == 0) continue;
+    const auto first = std::lower_bound(allowed_sizes_.begin(), allowed_sizes_.end(), s.lo[k]);
+    const auto last = std::upper_bound(first, allowed_sizes_.end(), hi[k]);
+    if (first == last) continue;
+    if (time1(s, s.arg[k]) <= tau) {
+      const int a = first_within(s, k, tau);
+      if (const auto it = std::lower_bound(first, last, a); it != last && time1(s, *it) <= tau) return *it;
+    }
+    const auto up = std::lower_bound(first, last, s.arg[k]);
+    for (auto it : {up == first ? last : up - 1, up}) {
+      if (it == last) continue;
+      const double t = time1(s, *it);
+      if (best == 0 || t < best_t || (t == best_t && *it < best)) best = *it, best_t = t;
+    }
+  }
+  return best > 0 ? best : s.dmin;  // (no allowed degree holds it: project() names the missing ring)
+}
+
 int Builder::degree_for(const Seq& s, double tau) const {
+  if (rings_ != nullptr) return allowed_degree_for(s, tau);
   int best = 0;
   for (int k = 0; k < 2; ++k) {
     if (s.arg[k] == 0) continue;
-    if (time1(s, s.arg[k]) <= tau) {
-      int a = s.lo[k], z = s.arg[k];
-      while (a < z) {
-        const int m = a + (z - a) / 2;
-        if (time1(s, m) <= tau)
-          z = m;
-        else
-          a = m + 1;
-      }
-      return a;
-    }
+    if (time1(s, s.arg[k]) <= tau) return first_within(s, k, tau);
     if (best == 0 || time1(s, s.arg[k]) < time1(s, best)) best = s.arg[k];
   }
   return best;

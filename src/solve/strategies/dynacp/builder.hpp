@@ -3,11 +3,13 @@
 // the driver (driver.cpp) scores, pools and polishes what they build. See docs/strategies.md.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
 
 #include "dynacp/model/plan.hpp"
+#include "dynacp/solve/blocks/ring_set.hpp"
 #include "dynacp/solve/blocks/timeline.hpp"
 #include "dynacp/solve/strategies/dynacp/tuning.hpp"
 
@@ -42,9 +44,10 @@ struct Ring {
 /// Finds the d ranks that free up earliest, inside one node when d fits a node (else a window of whole nodes).
 /// Pools of more than kScanNodes nodes keep, for each k, a set of (k-th smallest free time of a node, node):
 /// O(rpn log nodes) per update; smaller ones scan the nodes (O(nodes) per pick, faster there). Same picks.
+/// With a ring set (PlanOptions::ring_set) a degree of the set takes the set's ring that frees first instead.
 class NodePicker {
  public:
-  NodePicker(int P, int rpn);
+  NodePicker(int P, int rpn, const RingSet* rings = nullptr);
   std::vector<int> pick(int d, const std::vector<double>& free) const;
   void update(int node, const std::vector<double>& free);
 
@@ -52,6 +55,7 @@ class NodePicker {
   static constexpr int kScanNodes = 32;  // a speed crossover, not a tuning knob: picks do not depend on it
   int earliest(int d) const;             // the node whose d-th earliest free rank frees first (ties: lower id)
   int rpn_, nodes_;
+  std::optional<RingPicker> rings_;  // empty: any ranks
   std::vector<std::vector<std::pair<double, int>>> sorted_;
   std::vector<std::set<std::pair<double, int>>> kth_;
 };
@@ -105,15 +109,22 @@ std::vector<std::size_t> own_order(const std::vector<double>& w, OwnOrder order,
 
 class Builder {
  public:
-  Builder(const Batch& b, const Cluster& c, const CostModel& m, const DynacpTuning& tuning);
+  /// `rings`: the allowed rings (PlanOptions::ring_set), null for none; it must outlive the builder.
+  Builder(const Batch& b, const Cluster& c, const CostModel& m, const DynacpTuning& tuning,
+          const RingSet* rings = nullptr);
 
   const Batch& batch() const { return batch_; }
   const Cluster& cluster() const { return cluster_; }
   const CostModel& cost() const { return cost_; }
   const DynacpTuning& tuning() const { return tuning_; }
+  /// The allowed rings, or null (no constraint).
+  const RingSet* rings() const { return rings_; }
+  /// Whether degree d may be used (always true without a ring set).
+  bool degree_allowed(int d) const { return rings_ == nullptr || rings_->allowed(d); }
 
   double time1(const Seq& s, int d) const;
-  /// Smallest degree with T(s, d) <= tau (binary search on the decreasing part of each piece), else the best.
+  /// Smallest degree with T(s, d) <= tau (binary search on the decreasing part of each piece), else the best; with a
+  /// ring set, the smallest allowed such degree, else the fastest allowed one.
   int degree_for(const Seq& s, double tau) const;
   /// The sequence with the most work (ties: the lowest id).
   const Seq& hardest() const { return seqs_[order_.front()]; }
@@ -169,6 +180,10 @@ class Builder {
   const Cluster& cluster_;
   const CostModel& cost_;
   const DynacpTuning& tuning_;
+  const RingSet* rings_;
+  std::vector<int> allowed_sizes_;                          // under a ring set: 1 and its sizes, ascending
+  int allowed_degree_for(const Seq& s, double tau) const;   // degree_for under a ring set
+  int first_within(const Seq& s, int k, double tau) const;  // smallest d of piece k with T(s, d) <= tau
   std::int64_t cap_ = 0;
   std::vector<Seq> seqs_;
   std::vector<std::size_t> order_;  // by work, heaviest first (ties: lower index)

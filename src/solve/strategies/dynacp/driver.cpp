@@ -316,20 +316,22 @@ namespace {
 // of the search's cost. The key is Plan::fingerprint, two independent 64-bit hashes of the assignment (a false match
 // would need both to collide); scores are pure functions of the plan, so the outcome does not depend
 // on which thread scored a plan first.
+// With a ring set every plan is scored as projected onto it (RingSet::project), the plan the solve would return.
 std::function<double(const Plan&)> memoised_score(const Batch& batch, const Cluster& cluster, const CostModel& cost,
-                                                  const PlanOptions& options) {
+                                                  const PlanOptions& options, const RingSet& rings) {
   struct Memo {
     std::mutex mutex;
     std::map<std::pair<std::uint64_t, std::uint64_t>, double> seen;
   };
   auto memo = std::make_shared<Memo>();
-  return [memo, &batch, &cluster, &cost, options](const Plan& p) {
+  return [memo, &batch, &cluster, &cost, &rings, options](const Plan& p) {
     const auto key = p.fingerprint();
     {
       const std::lock_guard lock(memo->mutex);
       if (auto it = memo->seen.find(key); it != memo->seen.end()) return it->second;
     }
-    const double t = score(p, batch, cluster, cost, options);
+    const double t = rings.empty() ? score(p, batch, cluster, cost, options)
+                                   : score(rings.project(p, batch, cluster, cost), batch, cluster, cost, options);
     const std::lock_guard lock(memo->mutex);
     memo->seen.emplace(key, t);
     return t;
@@ -338,15 +340,14 @@ std::function<double(const Plan&)> memoised_score(const Batch& batch, const Clus
 }  // namespace
 }  // namespace dyn
 
-Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& caller_options) {
-  using namespace dyn;
-  PlanOptions options = caller_options;
-  options.score = memoised_score(batch, cluster, cost, caller_options);
+namespace dyn {
+namespace {
+// Every family's candidates for one builder (its ring set), the pooled ones after the slot-order polish.
+std::vector<Candidate> search(const Builder& b, const PlanOptions& options, Runner& run) {
   const DynacpTuning& tune = options.tuning;
-  tune.validate();
-  const Builder b(batch, cluster, cost, tune);
-  const int threads = options.thread_count();
-  Runner run(threads, options.check_interrupt, options.time_limit_s);
+  const Batch& batch = b.batch();
+  const Cluster& cluster = b.cluster();
+  const CostModel& cost = b.cost();
   SearchContext c(b, options, run);
   c.lo = std::max(lower_bound(batch, cluster, cost), 1e-12);
   c.hi = std::max(b.upper_tau(), c.lo);
@@ -367,6 +368,21 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
                        1e3 * static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC);
     run.check();
   }
+  return gather(c);
+}
+}  // namespace
+}  // namespace dyn
+
+Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& caller_options) {
+  using namespace dyn;
+  PlanOptions options = caller_options;
+  const RingSet rings(options.ring_set, cluster.num_ranks);
+  options.score = memoised_score(batch, cluster, cost, caller_options, rings);
+  const DynacpTuning& tune = options.tuning;
+  tune.validate();
+  const Builder b(batch, cluster, cost, tune, &rings);
+  const int threads = options.thread_count();
+  Runner run(threads, options.check_interrupt, options.time_limit_s);
   auto t0 = std::chrono::steady_clock::now();
   auto lap = [&t0](const char* what) {
     if (!core_log().should_log(spdlog::level::debug)) return;
@@ -374,7 +390,13 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     core_log().debug("dynacp {}: {:.3f} ms", what, std::chrono::duration<double, std::milli>(now - t0).count());
     t0 = now;
   };
-  std::vector<Candidate> candidates = gather(c);
+  std::vector<Candidate> candidates = search(b, options, run);
+  // A ring set with more than the power-of-two tilings: its other degrees can fragment the pool (a 24-rank ring
+  // at offset 24 blocks two 32-rank halves), so the search also runs on the tilings alone and the better plan wins.
+  if (const RingSet tiled = rings.power_of_two_tilings(); !tiled.empty() && tiled.count() < rings.count()) {
+    const Builder b2(batch, cluster, cost, tune, &tiled);
+    for (auto& x : search(b2, options, run)) candidates.push_back(std::move(x));
+  }
   lap("slot-order polish of the pools");
   if (options.pp > 1)
     std::erase_if(candidates, [&](const Candidate& x) { return !counts_ok(x.plan, cluster.num_ranks, options); });
@@ -388,7 +410,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     if (scores[i] < (best == candidates.size() ? std::numeric_limits<double>::infinity() : scores[best])) best = i;
   const bool partial = run.cut_short() || (options.time_limit_s > 0 && run.expired());
   if (best < candidates.size()) {
-    Plan out = std::move(candidates[best].plan);
+    Plan out = rings.project(std::move(candidates[best].plan), batch, cluster, cost);  // (as it was scored)
     if (options.pp > 1) {
       double t = scores[best];
       const ParallelFor parallel = [&run](std::size_t n, const std::function<void(std::size_t)>& f) {
@@ -399,6 +421,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       lap("class and ring order polish of the winner");
     }
     out = local_search(std::move(out), batch, cluster, cost, options, tune.local_search, run.deadline());
+    out = rings.project(std::move(out), batch, cluster, cost);  // (its moves are scored projected)
     lap("local search");
     out.family = families()[candidates[best].family].name;
     out.partial = partial;

@@ -41,7 +41,7 @@ struct FlatBuild {
     const int P = b.cluster_.num_ranks, rpn = b.cluster_.ranks_per_node;
     const DynacpTuning& tune = b.tuning_;
     std::optional<NodePicker> picker;
-    if (!rings.empty()) picker.emplace(P, rpn);
+    if (!rings.empty()) picker.emplace(P, rpn, b.rings_);
     TimelineBuilder scratch(b.batch_, b.cluster_, b.cost_);
     for (const auto& ring : rings) {
       // The degree that reaches tau, or a neighbour that finishes earlier on the ranks free right now.
@@ -51,6 +51,7 @@ struct FlatBuild {
       // (On pools of more than wide_nodes nodes a window search is O(nodes), so rings wider than a node keep d.)
       const int span = forced ? 0 : ring.d <= rpn || P / rpn <= tune.wide_nodes ? tune.neighbour_degrees : 0;
       for (int d = std::max(q.dmin, ring.d - span); d <= std::min(P, ring.d + span); ++d) {
+        if (d != ring.d && !b.degree_allowed(d)) continue;  // (ring sets: only their degrees)
         std::vector<int> cand;
         if (ring.at >= 0)
           for (int r = ring.at; r < ring.at + d; ++r) cand.push_back(r);

@@ -102,7 +102,7 @@ struct PipelinedBuild {
     std::vector<double> key(static_cast<std::size_t>(P), 0.0);
     std::vector<char> reserved(static_cast<std::size_t>(P), 0);
     if (!rings.empty()) {
-      NodePicker picker(P, rpn);
+      NodePicker picker(P, rpn, b.rings_);
       for (const auto& ring : rings) {
         std::vector<int> ranks;
         if (ring.at >= 0)

@@ -26,7 +26,7 @@ std::vector<std::size_t> Builder::build_slot(const std::vector<std::size_t>& sub
   std::vector<std::size_t> spill, shorts;
   std::vector<Ring> rings;
   classify(subset, tau, 0, shorts, rings);
-  NodePicker picker(P, rpn);
+  NodePicker picker(P, rpn, rings_);
   int left = P;
   std::vector<std::pair<std::vector<int>, std::vector<std::int64_t>>> groups;
   for (const auto& ring : rings) {
