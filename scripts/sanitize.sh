@@ -17,5 +17,8 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # exhaustive comparison with the optimum (about 3 minutes uninstrumented) is left to the plain CTest run; its small
 # hand-checked cases and the local search's own test still run here.
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" \
-      -E '^(fuzz_plans_(extended_)?short|Exhaustive\.DynacpNearOptimumAndNothingBelowTheBound)$'
+      -E '^(fuzz_plans_(extended_|links_|ring_sets_)?short|Exhaustive\.DynacpNearOptimumAndNothingBelowTheBound)$'
+# The fuzz under the sanitizers, smaller than CTest's runs (about ten times slower here): plain, random links, ring sets.
 "$build/tests/cpp/fuzz_plans" --instances "${DYNACP_ASAN_FUZZ:-40}" --seed 7
+"$build/tests/cpp/fuzz_plans" --instances "${DYNACP_ASAN_FUZZ_LINKS:-15}" --seed 13 --links 1
+"$build/tests/cpp/fuzz_plans" --instances "${DYNACP_ASAN_FUZZ_RINGS:-10}" --seed 17 --ring-sets 1

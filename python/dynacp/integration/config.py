@@ -337,6 +337,10 @@ def make_process_groups(tp_size: int = 1, pp_size: int = 1,
             if (d, t) == (my_d, my_t):
                 pp = g
     assert dp_cp is not None
+    if cp_groups == "pool":  # rings P2P over parts of the pool group: its first collective must involve every rank
+        from dynacp.torch.ring_comm import warm_up_group
+
+        warm_up_group(dp_cp, timeout=timeout.total_seconds())
     return ProcessGroups(
         dp_cp=dp_cp, pool_ranks=pools[my_pool],
         cp_pool=CPGroupPool(pools, my_pool, timeout, cp_groups, None if cp_groups != "prebuilt" else
