@@ -1,6 +1,7 @@
 #include "dynacp/solve/blocks/shapes.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 namespace dynacp::solve {
@@ -28,7 +29,86 @@ std::vector<std::vector<std::int64_t>> parts_of(const Group& g, const Batch& bat
   for (auto& p : parts) std::sort(p.begin(), p.end());
   return parts;
 }
+/// The rows per rank of `ids` on d ranks.
+std::int64_t rows_of(const std::vector<std::int64_t>& ids, const Batch& batch, const Cluster& cluster, int d) {
+  std::int64_t r = 0;
+  for (auto id : ids) r += cluster.padded_rows(batch.lengths[static_cast<std::size_t>(id)], d);
+  return r;
+}
+
+/// The parts of group `g` (fit_buckets): the carved parts first, the remainder last; at most `max_parts` parts.
+std::vector<std::vector<std::int64_t>> bucket_parts(const Group& g, const Batch& batch, const Cluster& cluster,
+                                                    const CostModel& cost, const StaticShapes& shapes,
+                                                    std::span<const GroupStats> single, int max_parts) {
+  const auto& buckets = shapes.token_buckets;
+  const int d = g.degree();
+  auto time_of = [&](const std::vector<std::int64_t>& ids) {
+    return shapes.group_time(cost, Group{g.ranks, ids}, single, batch, cluster);
+  };
+  std::vector<std::int64_t> rest = g.sequences;
+  std::stable_sort(rest.begin(), rest.end(), [&](std::int64_t x, std::int64_t y) {
+    return batch.lengths[static_cast<std::size_t>(x)] > batch.lengths[static_cast<std::size_t>(y)];
+  });
+  std::vector<std::vector<std::int64_t>> carved, best_parts;
+  double carved_time = 0.0, best = time_of(g.sequences);
+  const auto cap = shapes.max_sequences > 0 ? static_cast<std::size_t>(shapes.max_sequences) : rest.size();
+  while (static_cast<int>(carved.size()) + 2 <= max_parts && rest.size() > 1) {
+    const std::int64_t rows = rows_of(rest, batch, cluster, d);
+    const auto hi = std::lower_bound(buckets.begin(), buckets.end(), rows);
+    if (hi == buckets.begin() || hi == buckets.end()) break;
+    const std::int64_t target = *(hi - 1);
+    std::vector<std::int64_t> part, left;
+    std::int64_t filled = 0;
+    for (auto id : rest) {
+      const std::int64_t r = cluster.padded_rows(batch.lengths[static_cast<std::size_t>(id)], d);
+      if (filled + r <= target && part.size() < cap)
+        part.push_back(id), filled += r;
+      else
+        left.push_back(id);
+    }
+    if (part.empty() || left.empty()) break;
+    carved_time += time_of(part);
+    carved.push_back(std::move(part));
+    rest = std::move(left);
+    if (const double t = carved_time + time_of(rest); t < best) {
+      best = t;
+      best_parts = carved;
+      best_parts.push_back(rest);
+    }
+  }
+  for (auto& p : best_parts) std::sort(p.begin(), p.end());
+  return best_parts;  // empty: keep the group whole
+}
 }  // namespace
+
+Plan fit_buckets(Plan plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
+                 const StaticShapes& shapes, std::span<const GroupStats> single) {
+  if (shapes.token_buckets.size() < 2) return plan;
+  std::vector<int> slots = plan.microbatch_counts(cluster.num_ranks);
+  std::vector<std::vector<Group>> out;
+  for (auto& slot : plan.microbatches) {
+    std::vector<std::vector<Group>> extra;  // extra[j]: the (j+1)-th carved parts of this slot's groups
+    for (auto& g : slot) {
+      int room = std::numeric_limits<int>::max();
+      if (shapes.max_microbatches > 0)
+        for (int r : g.ranks) room = std::min(room, shapes.max_microbatches - slots[static_cast<std::size_t>(r)]);
+      if (room <= 0) continue;
+      auto parts = bucket_parts(g, batch, cluster, cost, shapes, single,
+                                room == std::numeric_limits<int>::max() ? room : room + 1);
+      if (parts.empty()) continue;
+      for (int r : g.ranks) slots[static_cast<std::size_t>(r)] += static_cast<int>(parts.size()) - 1;
+      g.sequences = std::move(parts.back());
+      for (std::size_t j = 0; j + 1 < parts.size(); ++j) {
+        if (extra.size() <= j) extra.emplace_back();
+        extra[j].push_back(Group{g.ranks, std::move(parts[j])});
+      }
+    }
+    out.push_back(std::move(slot));
+    for (auto& e : extra) out.push_back(std::move(e));
+  }
+  plan.microbatches = std::move(out);
+  return plan;
+}
 
 Plan split_sequences(Plan plan, const Batch& batch, const Cluster& cluster, const StaticShapes& shapes) {
   if (shapes.max_sequences <= 0) return plan;

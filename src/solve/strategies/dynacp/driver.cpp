@@ -312,11 +312,14 @@ std::vector<std::string> dynacp_families() {
 
 namespace dyn {
 namespace {
-// A candidate as the solve would return it: on the ring set (RingSet::project) and within the static shapes'
-// sequence cap (split_sequences).
+// A candidate as the solve would return it: on the ring set (RingSet::project), within the static shapes'
+// sequence cap (split_sequences) and its groups fitted to the buckets (fit_buckets).
 Plan shaped(Plan p, const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options,
             const RingSet& rings) {
-  return split_sequences(rings.project(std::move(p), batch, cluster, cost), batch, cluster, options.static_shapes);
+  const StaticShapes& shapes = options.static_shapes;
+  p = split_sequences(rings.project(std::move(p), batch, cluster, cost), batch, cluster, shapes);
+  if (shapes.token_buckets.size() < 2) return p;
+  return fit_buckets(std::move(p), batch, cluster, cost, shapes, single_stats(batch, cost));
 }
 
 // The scorer the search uses: options.score (or the group timeline) memoised by the plan's assignment. Builds often
@@ -338,7 +341,7 @@ std::function<double(const Plan&)> memoised_score(const Batch& batch, const Clus
       const std::lock_guard lock(memo->mutex);
       if (auto it = memo->seen.find(key); it != memo->seen.end()) return it->second;
     }
-    const double t = rings.empty() && options.static_shapes.max_sequences <= 0
+    const double t = rings.empty() && !options.static_shapes.enabled()
                          ? score(p, batch, cluster, cost, options)
                          : score(shaped(p, batch, cluster, cost, options, rings), batch, cluster, cost, options);
     const std::lock_guard lock(memo->mutex);
