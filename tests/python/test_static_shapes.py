@@ -145,3 +145,27 @@ def test_default_static_shapes():
     assert s.token_buckets == [2048, 4096, 8192, 16384]
     assert s.cp_sizes == [1, 2, 4, 8] and s.max_microbatches == 8 and s.max_sequences == 0
     assert dynacp.default_static_shapes(cluster, buckets=1).token_buckets == [16384]
+
+
+def test_choose_buckets_minimises_padding_exactly():
+    from dynacp.shapes import choose_buckets
+
+    groups = [(100, 1), (1000, 1), (1100, 2), (3000, 1), (8000, 4)]
+    # two buckets, the largest the capacity 8192: the best second bucket by brute force
+    got = choose_buckets(groups, 2, 8192, 2)
+
+    def pad(bs):
+        return sum((min(b for b in bs if b >= r) - r) * d for r, d in groups)
+    best = min(([b, 8192] for b in (100, 1000, 1100, 3000, 8000)), key=pad)
+    assert got == best and pad(got) == pad(best)
+    five = choose_buckets(groups, 5, 8192, 2)
+    assert len(five) == 5 and five[-1] == 8192 and pad(five) == 100 * 1  # only the 1000-row group pads (to 1100)
+    assert choose_buckets([], 4, 8192, 2) == [8192]
+
+
+def test_default_static_shapes_from_samples_is_deterministic():
+    cluster = dynacp.Cluster(**CLUSTER)
+    samples = [_lengths(s, 64).clip(1, 8192 * 8) for s in range(3)]
+    a = dynacp.default_static_shapes(cluster, length_samples=samples)
+    b = dynacp.default_static_shapes(cluster, length_samples=samples)
+    assert a == b and len(a.token_buckets) <= 4 and a.token_buckets[-1] == 8192
