@@ -97,8 +97,14 @@ std::vector<std::size_t> own_order(const std::vector<double>& w, OwnOrder order,
   return out;
 }
 
-Builder::Builder(const Batch& b, const Cluster& c, const CostModel& m, const DynacpTuning& tuning, const RingSet* rings)
-    : batch_(b), cluster_(c), cost_(m), tuning_(tuning), rings_(rings != nullptr && rings->empty() ? nullptr : rings) {
+Builder::Builder(const Batch& b, const Cluster& c, const CostModel& m, const DynacpTuning& tuning, const RingSet* rings,
+                 const StaticShapes* shapes)
+    : batch_(b),
+      cluster_(c),
+      cost_(m),
+      tuning_(tuning),
+      rings_(rings != nullptr && rings->empty() ? nullptr : rings),
+      shapes_(shapes != nullptr && !shapes->token_buckets.empty() ? shapes : nullptr) {
   cap_ = cost_.token_capacity(cluster_);
   if (rings_ != nullptr) {
     allowed_sizes_ = rings_->sizes();
@@ -140,6 +146,7 @@ Builder::Builder(const Batch& b, const Cluster& c, const CostModel& m, const Dyn
 double Builder::time1(const Seq& s, int d) const {
   GroupStats g;
   g.add(s.len, s.eta);
+  if (shapes_ != nullptr) g = shapes_->priced(g, cluster_.padded_rows(s.len, d), d);  // its bucket's padding
   return cost_.time(g, d, cluster_);
 }
 

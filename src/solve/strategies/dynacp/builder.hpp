@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dynacp/model/plan.hpp"
+#include "dynacp/model/shapes.hpp"
 #include "dynacp/solve/blocks/ring_set.hpp"
 #include "dynacp/solve/blocks/timeline.hpp"
 #include "dynacp/solve/strategies/dynacp/tuning.hpp"
@@ -110,8 +111,9 @@ std::vector<std::size_t> own_order(const std::vector<double>& w, OwnOrder order,
 class Builder {
  public:
   /// `rings`: the allowed rings (PlanOptions::ring_set), null for none; it must outlive the builder.
+  /// `shapes`: static shapes whose bucket padding T(s, d) includes (StaticShapes::priced), null for none.
   Builder(const Batch& b, const Cluster& c, const CostModel& m, const DynacpTuning& tuning,
-          const RingSet* rings = nullptr);
+          const RingSet* rings = nullptr, const StaticShapes* shapes = nullptr);
 
   const Batch& batch() const { return batch_; }
   const Cluster& cluster() const { return cluster_; }
@@ -181,6 +183,7 @@ class Builder {
   const CostModel& cost_;
   const DynacpTuning& tuning_;
   const RingSet* rings_;
+  const StaticShapes* shapes_;                              // null, or shapes with token buckets
   std::vector<int> allowed_sizes_;                          // under a ring set: 1 and its sizes, ascending
   int allowed_degree_for(const Seq& s, double tau) const;   // degree_for under a ring set
   int first_within(const Seq& s, int k, double tau) const;  // smallest d of piece k with T(s, d) <= tau

@@ -392,7 +392,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
   options.score = memoised_score(batch, cluster, cost, caller_options, rings);
   const DynacpTuning& tune = options.tuning;
   tune.validate();
-  const Builder b(batch, cluster, cost, tune, &rings);
+  const Builder b(batch, cluster, cost, tune, &rings, &options.static_shapes);
   const int threads = options.thread_count();
   Runner run(threads, options.check_interrupt, options.time_limit_s);
   auto t0 = std::chrono::steady_clock::now();
@@ -406,7 +406,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
   // A ring set with more than the power-of-two tilings: its other degrees can fragment the pool (a 24-rank ring
   // at offset 24 blocks two 32-rank halves), so the search also runs on the tilings alone and the better plan wins.
   if (const RingSet tiled = rings.power_of_two_tilings(); !tiled.empty() && tiled.count() < rings.count()) {
-    const Builder b2(batch, cluster, cost, tune, &tiled);
+    const Builder b2(batch, cluster, cost, tune, &tiled, &options.static_shapes);
     for (auto& x : search(b2, options, run)) candidates.push_back(std::move(x));
   }
   lap("slot-order polish of the pools");
