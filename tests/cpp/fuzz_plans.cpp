@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -137,6 +138,7 @@ int run_static_shapes(long instances, std::uint64_t seed) {
       }
     } catch (const InvalidArgument& e) {  // shapes no plan can meet (check_feasible), or none the solver found
       ++(std::string(e.what()).rfind("StaticShapes:", 0) == 0 ? infeasible : unplanned);
+      if (std::getenv("FUZZ_VERBOSE") != nullptr) std::fprintf(stderr, "instance %ld: %s\n", it, e.what());
     } catch (const std::exception& e) {
       ++invalid_plans;
       std::fprintf(stderr, "instance %ld: %s\n", it, e.what());

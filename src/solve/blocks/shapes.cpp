@@ -136,4 +136,76 @@ Plan split_sequences(Plan plan, const Batch& batch, const Cluster& cluster, cons
   return plan;
 }
 
+namespace {
+/// shape_slots' groups (ranks empty): first-fit of the sequences, longest first, at their least allowed degree.
+std::vector<Group> first_fit_groups(const Batch& batch, const Cluster& cluster, const CostModel& cost,
+                                    const StaticShapes& shapes, bool& ok) {
+  const std::int64_t cap = shapes.max_bucket(cost.token_capacity(cluster));
+  const auto per = shapes.max_sequences > 0 ? static_cast<std::size_t>(shapes.max_sequences) : batch.size();
+  std::vector<std::int64_t> ids(batch.size());
+  std::iota(ids.begin(), ids.end(), std::int64_t{0});
+  std::stable_sort(ids.begin(), ids.end(), [&](std::int64_t x, std::int64_t y) {
+    return batch.lengths[static_cast<std::size_t>(x)] > batch.lengths[static_cast<std::size_t>(y)];
+  });
+  std::vector<Group> groups;
+  std::vector<std::int64_t> rows;
+  std::vector<int> degree;
+  for (auto id : ids) {
+    const std::int64_t len = batch.lengths[static_cast<std::size_t>(id)];
+    int d = 0;
+    for (int x = 1; x <= cluster.num_ranks && d == 0; ++x)
+      if (shapes.allows_degree(x) && cluster.num_ranks % x == 0 && cluster.padded_rows(len, x) <= cap) d = x;
+    if (d == 0) return ok = false, groups;
+    const std::int64_t r = cluster.padded_rows(len, d);
+    std::size_t g = 0;
+    while (g < groups.size() && !(degree[g] == d && rows[g] + r <= cap && groups[g].sequences.size() < per)) ++g;
+    if (g == groups.size()) groups.emplace_back(), rows.push_back(0), degree.push_back(d);
+    groups[g].sequences.push_back(id), rows[g] += r;
+    groups[g].ranks.assign(static_cast<std::size_t>(d), -1);
+  }
+  return ok = true, groups;
+}
+}  // namespace
+
+Plan shape_slots(const Batch& batch, const Cluster& cluster, const CostModel& cost, const StaticShapes& shapes) {
+  bool ok = false;
+  std::vector<Group> groups = first_fit_groups(batch, cluster, cost, shapes, ok);
+  Plan plan;
+  plan.num_ranks = cluster.num_ranks;
+  if (!ok) return plan;
+  const std::vector<GroupStats> single = single_stats(batch, cost);
+  std::vector<double> time(groups.size());
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    for (int j = 0; j < groups[g].degree(); ++j) groups[g].ranks[static_cast<std::size_t>(j)] = j;
+    time[g] = shapes.group_time(cost, groups[g], single, batch, cluster);
+  }
+  std::vector<std::size_t> order(groups.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return time[x] > time[y]; });
+  std::vector<double> load(static_cast<std::size_t>(cluster.num_ranks), 0.0);
+  std::vector<int> slots(static_cast<std::size_t>(cluster.num_ranks), 0);
+  for (std::size_t g : order) {
+    const int d = groups[g].degree();
+    int best = -1;
+    double best_load = 0.0;
+    for (int start = 0; start + d <= cluster.num_ranks; start += d) {
+      double busiest = 0.0;
+      bool room = true;
+      for (int r = start; r < start + d; ++r) {
+        busiest = std::max(busiest, load[static_cast<std::size_t>(r)]);
+        room = room && (shapes.max_microbatches <= 0 || slots[static_cast<std::size_t>(r)] < shapes.max_microbatches);
+      }
+      if (room && (best < 0 || busiest < best_load)) best = start, best_load = busiest;
+    }
+    if (best < 0) return Plan{};
+    for (int j = 0; j < d; ++j) {
+      const auto r = static_cast<std::size_t>(best + j);
+      groups[g].ranks[static_cast<std::size_t>(j)] = best + j;
+      load[r] = best_load + time[g], ++slots[r];
+    }
+    plan.microbatches.push_back({groups[g]});
+  }
+  return plan;
+}
+
 }  // namespace dynacp::solve

@@ -24,4 +24,11 @@ Plan split_sequences(Plan plan, const Batch& batch, const Cluster& cluster, cons
 Plan fit_buckets(Plan plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
                  const StaticShapes& shapes, std::span<const GroupStats> single);
 
+/// A plan within `shapes` built without search (dynacp's fallback when no candidate meets them): each sequence,
+/// longest first, on the smallest allowed degree that holds it within the largest bucket, first-fit into an open
+/// group of that degree (rows and max_sequences permitting); the groups, slowest first, each in a slot of its own on
+/// the aligned block of d consecutive ranks (from a multiple of d) with the least loaded busiest rank among those
+/// whose ranks have slots left. Empty when some group finds no block.
+Plan shape_slots(const Batch& batch, const Cluster& cluster, const CostModel& cost, const StaticShapes& shapes);
+
 }  // namespace dynacp::solve

@@ -341,9 +341,17 @@ std::function<double(const Plan&)> memoised_score(const Batch& batch, const Clus
       const std::lock_guard lock(memo->mutex);
       if (auto it = memo->seen.find(key); it != memo->seen.end()) return it->second;
     }
-    const double t = rings.empty() && !options.static_shapes.enabled()
-                         ? score(p, batch, cluster, cost, options)
-                         : score(shaped(p, batch, cluster, cost, options, rings), batch, cluster, cost, options);
+    double t = std::numeric_limits<double>::infinity();
+    if (rings.empty() && !options.static_shapes.enabled()) {
+      t = score(p, batch, cluster, cost, options);
+    } else if (!options.static_shapes.enabled()) {
+      t = score(shaped(p, batch, cluster, cost, options, rings), batch, cluster, cost, options);
+    } else {
+      try {  // a candidate wider than every allowed CP size is no candidate under static shapes
+        t = score(shaped(p, batch, cluster, cost, options, rings), batch, cluster, cost, options);
+      } catch (const InvalidArgument&) {
+      }
+    }
     const std::lock_guard lock(memo->mutex);
     memo->seen.emplace(key, t);
     return t;
@@ -439,10 +447,17 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     out.partial = partial;
     return out;
   }
-  if (options.static_shapes.enabled())
+  if (options.static_shapes.enabled()) {
+    Plan p = shape_slots(batch, cluster, cost, options.static_shapes);
+    if (!p.microbatches.empty() && std::isfinite(options.score(p))) {
+      p.family = "shape-slots";  // no candidate met the shapes: the plan built without search
+      p.partial = partial;
+      return p;
+    }
     invalid("dynacp: no candidate plan meets ", options.static_shapes.describe(), " (", batch.size(), " sequences, ",
             batch.total_tokens(), " tokens on ", cluster.num_ranks,
             " ranks); allow more microbatch slots, sequences per group or a larger bucket");
+  }
   if (options.pp <= 1) throw Error("dynacp: no candidate plan could be scored (a bug)");
   if (Plan p = pool_slots(batch, cluster, cost, options.vpp > 1 ? options.pp : 1); !p.microbatches.empty()) {
     p.family = "pool-slots";
