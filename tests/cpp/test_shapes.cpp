@@ -134,3 +134,19 @@ TEST(StaticShapes, DynacpPlansUnderTheShapes) {
   EXPECT_NE(message_of([&] { plan(b, c, cost, o); }).find("strategy fcp cannot plan under static_shapes"),
             std::string::npos);
 }
+
+TEST(StaticShapes, ShapeSlotsMeetsTheShapesWithoutSearch) {
+  const Cluster c = pool(16, 8192);
+  const CostModel cost;
+  StaticShapes s = four_buckets();
+  s.max_sequences = 2;
+  s.max_microbatches = 8;
+  Batch b;
+  for (int i = 0; i < 40; ++i) b.lengths.push_back(50 + (i * 7919) % 30000);
+  const Plan p = solve::shape_slots(b, c, cost, s);
+  ASSERT_FALSE(p.microbatches.empty());
+  p.validate(b, c, cost);
+  s.check_plan(p, b, c);
+  s.max_microbatches = 1;  // 40 sequences, at most 2 a group, 16 ranks with one slot each: no block left
+  EXPECT_TRUE(solve::shape_slots(b, c, cost, s).microbatches.empty());
+}
