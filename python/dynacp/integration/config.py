@@ -122,9 +122,7 @@ class Planner:
     def declared_shapes(self) -> list:
         """Every :class:`~dynacp.integration.shapes.MicrobatchShape` CUDA-graph mode may emit (each CP size x each
         bucket: the graph bank a runtime captures at start-up); ``[]`` without ``static_shapes``."""
-        from dynacp.integration.shapes import declared_shapes
-
-        return [] if self.static_shapes is None else declared_shapes(self.static_shapes)
+        return shapes.declared_shapes(self.static_shapes) if shapes.active(self.static_shapes) else []
 
     def fingerprint(self) -> str:
         """A short stable hash of everything that determines the plan (for the cross-rank check)."""

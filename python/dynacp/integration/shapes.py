@@ -39,8 +39,26 @@ class MicrobatchShape:
     """Entries of ``cu_seqlens`` and ``cu_seqlens_padded`` (``StaticShapes.max_sequences + 1``)."""
 
 
+def active(static_shapes: Optional[Any]) -> bool:
+    """Whether ``static_shapes`` turns CUDA-graph mode on (``None`` and an empty ``dynacp.StaticShapes()`` do not)."""
+    if static_shapes is None:
+        return False
+    enabled = getattr(static_shapes, "enabled", None)
+    return bool(enabled()) if callable(enabled) else True
+
+
+def _limit(value: Any) -> Optional[int]:
+    """A StaticShapes bound (``max_microbatches``, ``max_sequences``): ``None`` for 0 (unbounded)."""
+    return int(value) or None
+
+
 def declared_shapes(static_shapes: Any) -> list[MicrobatchShape]:
-    """Every shape CUDA-graph mode may emit: each CP size x each bucket, sorted (the graph bank to capture)."""
+    """Every shape CUDA-graph mode may emit: each CP size x each bucket, sorted (the graph bank to capture).
+    ``ValueError`` when the shapes are off or leave ``max_sequences`` unbounded (0): a captured graph needs
+    ``cu_seqlens`` of a fixed length."""
+    if not active(static_shapes) or _limit(static_shapes.max_sequences) is None or not static_shapes.token_buckets:
+        raise ValueError("dynacp: a CUDA-graph bank needs StaticShapes with token_buckets and max_sequences > 0 "
+                         f"(got {describe(static_shapes)})")
     n = int(static_shapes.max_sequences) + 1
     return sorted(MicrobatchShape(int(cp), int(b), n) for cp in static_shapes.cp_sizes
                   for b in static_shapes.token_buckets)
@@ -54,7 +72,7 @@ def shape_of(microbatch: dict) -> MicrobatchShape:
 
 def describe(static_shapes: Optional[Any]) -> Optional[dict]:
     """Plain-dict view of the shapes (for the config fingerprint and error messages)."""
-    if static_shapes is None:
+    if not active(static_shapes):
         return None
     return {"token_buckets": [int(b) for b in static_shapes.token_buckets],
             "cp_sizes": [int(c) for c in static_shapes.cp_sizes],
@@ -67,7 +85,7 @@ def group_padded(seq_lens: Sequence[int], cp: int, pad: int, static_shapes: Opti
     ``pad * cp``; in CUDA-graph mode the last one also takes the rows up to the group's bucket. The one place the
     wrapper decides how many rows a sequence occupies."""
     padded = [padded_length(int(n), cp, pad) for n in seq_lens]
-    if static_shapes is None or not padded:
+    if not active(static_shapes) or not padded:
         return padded
     rows = sum(padded) // cp
     bucket = int(static_shapes.bucket_of(rows))
@@ -80,8 +98,9 @@ def group_padded(seq_lens: Sequence[int], cp: int, pad: int, static_shapes: Opti
 
 
 def fixed_length(cu: list[int], static_shapes: Optional[Any]) -> list[int]:
-    """``cu`` (cumulative offsets) extended to ``max_sequences + 1`` entries with empty tail sequences."""
-    if static_shapes is None:
+    """``cu`` (cumulative offsets) extended to ``max_sequences + 1`` entries with empty tail sequences (unchanged when
+    the shapes are off or ``max_sequences`` is 0, unbounded)."""
+    if not active(static_shapes) or _limit(static_shapes.max_sequences) is None:
         return cu
     n = int(static_shapes.max_sequences) + 1
     if len(cu) > n:
@@ -93,10 +112,13 @@ def fixed_length(cu: list[int], static_shapes: Optional[Any]) -> list[int]:
 def check_plan(plan: Any, static_shapes: Optional[Any], pool_size: int) -> None:
     """Raise ``ValueError`` naming the first group of ``plan`` outside the shapes: a CP size not in ``cp_sizes``,
     more than ``max_sequences`` sequences, or a rank with more than ``max_microbatches`` microbatches (rows are
-    checked when each group is padded, :func:`group_padded`)."""
-    if static_shapes is None:
+    checked when each group is padded, :func:`group_padded`; a bound of 0 or an empty list is unbounded)."""
+    if not active(static_shapes):
         return
-    sizes = {int(c) for c in static_shapes.cp_sizes}
+    sizes = {int(c) for c in static_shapes.cp_sizes} or {len(g.ranks) for slot in plan.microbatches for g in slot}
+    max_seqs = _limit(static_shapes.max_sequences) or max((len(g.sequences) for slot in plan.microbatches
+                                                           for g in slot), default=0)
+    max_mb = _limit(static_shapes.max_microbatches) or len(plan.microbatches)
     per_rank = [0] * pool_size
     for k, slot in enumerate(plan.microbatches):
         for g in slot:
@@ -104,12 +126,12 @@ def check_plan(plan: Any, static_shapes: Optional[Any], pool_size: int) -> None:
             if len(g.ranks) not in sizes:
                 raise ValueError(f"dynacp: plan {where}: CP size {len(g.ranks)} is not in StaticShapes.cp_sizes "
                                  f"{sorted(sizes)}")
-            if len(g.sequences) > int(static_shapes.max_sequences):
+            if len(g.sequences) > max_seqs:
                 raise ValueError(f"dynacp: plan {where}: {len(g.sequences)} sequences > StaticShapes.max_sequences "
-                                 f"= {int(static_shapes.max_sequences)}")
+                                 f"= {max_seqs}")
             for r in g.ranks:
                 per_rank[int(r)] += 1 if len(g.sequences) else 0
     worst = max(range(pool_size), key=lambda r: (per_rank[r], -r))
-    if per_rank[worst] > int(static_shapes.max_microbatches):
+    if per_rank[worst] > max_mb:
         raise ValueError(f"dynacp: plan gives pool rank {worst} {per_rank[worst]} microbatches > "
-                         f"StaticShapes.max_microbatches = {int(static_shapes.max_microbatches)}")
+                         f"StaticShapes.max_microbatches = {max_mb}")

@@ -24,7 +24,7 @@ from dynacp.integration.config import ProcessGroups
 from dynacp.integration.gather import FIELDS
 from dynacp.integration.layout import cumulative, padded_length, zigzag_rows
 from dynacp.integration.packed import make_packed_seq_params, make_te_context_parallel
-from dynacp.integration.shapes import fixed_length, shape_of
+from dynacp.integration.shapes import active, fixed_length, shape_of
 
 _PAD = {"tokens": 0, "labels": 0, "loss_mask": 0, "position_ids": 0}
 #: int64 columns of one re-routed row: the fields, then the global sequence id (-1 for padding).
@@ -69,7 +69,7 @@ def microbatch_meta(slot: int, ring: tuple[int, ...], cp_rank: Optional[int], se
     return {"slot": slot, "ring": ring, "cp_rank": cp_rank, "sequences": seqs,
             "cu_seqlens": fixed_length(cumulative(seq_lens), static_shapes),
             "cu_seqlens_padded": fixed_length(cumulative(padded), static_shapes),
-            "max_seqlen": max(padded, default=0) if static_shapes is None else rows * len(ring),
+            "max_seqlen": rows * len(ring) if active(static_shapes) else max(padded, default=0),
             "num_local_tokens": rows}
 
 
