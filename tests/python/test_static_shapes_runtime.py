@@ -256,4 +256,4 @@ def test_example_runs_as_written(capsys):
     from pathlib import Path
 
     runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "cuda_graph_shapes.py"), run_name="__main__")
-    assert "graph bank: 8 shapes" in capsys.readouterr().out
+    assert "graph bank: 16 shapes" in capsys.readouterr().out
