@@ -4,6 +4,7 @@
 #include "dynacp/model/calibrate.hpp"
 #include "dynacp/model/error.hpp"
 #include "dynacp/model/plan.hpp"
+#include "dynacp/model/shapes.hpp"
 #include "fields.hpp"
 
 namespace dynacp::py {
@@ -31,6 +32,28 @@ void bind_model(py::module_& m) {
       .done();
   cluster.def_property_readonly("num_nodes", &Cluster::num_nodes)
       .def("validate", &Cluster::validate, "Raise ValueError naming the first bad field.");
+
+  py::class_<StaticShapes> shapes(m, "StaticShapes",
+                                  "CUDA-graph mode: the shapes a runtime captures ahead of time (plan(..., "
+                                  "static_shapes=...)); see docs/cost_model.md, 'Static shapes'.");
+  shapes.def(kw_init<StaticShapes>());
+  Fields<StaticShapes>{shapes, {}}
+      .add("token_buckets", &StaticShapes::token_buckets,
+           "rows per rank of one group, ascending multiples of Cluster.seq_pad_multiple; each group is padded up to "
+           "the smallest bucket >= its rows; the largest is the token capacity")
+      .add("cp_sizes", &StaticShapes::cp_sizes,
+           "allowed CP degrees in ranks, ascending, including 1, each dividing the pool; empty = any")
+      .add("max_microbatches", &StaticShapes::max_microbatches,
+           "microbatch slots any rank takes part in per step; 0 = unbounded")
+      .add("max_sequences", &StaticShapes::max_sequences,
+           "sequences per group (cu_seqlens has max_sequences + 1 entries); 0 = unbounded")
+      .done();
+  shapes.def("enabled", &StaticShapes::enabled, "True when any field is set (CUDA-graph mode on).")
+      .def("bucket_of", &StaticShapes::bucket_of, py::arg("rows"),
+           "The smallest bucket >= rows (rows per rank); ValueError above the largest.")
+      .def("validate", &StaticShapes::validate, py::arg("cluster"), py::arg("cost"),
+           "Raise ValueError naming the first bad field.")
+      .def(py::self == py::self);
 
   py::class_<CostModel> cost(m, "CostModel",
                              "T(G,d) = (eta*a*sum s^2 + b*sum s)/d + c + T_comm - min(eta*a*sum s^2/d, T_comm) "

@@ -42,6 +42,7 @@ py::dict predicted_to_dict(const Predicted& p) {
   d["per_rank_time"] = p.per_rank_time;
   d["peak_tokens_per_rank"] = p.peak_tokens_per_rank;
   d["bubble_fraction"] = p.bubble_fraction;
+  if (p.padding_fraction != 0) d["padding_fraction"] = p.padding_fraction;  // CUDA-graph mode only
   return d;
 }
 
@@ -114,6 +115,7 @@ Plan plan_from_dict(const py::object& obj) {
     p.predicted.per_rank_time = get<std::vector<double>>(pd, "per_rank_time", "plan.predicted");
     p.predicted.peak_tokens_per_rank = get<std::int64_t>(pd, "peak_tokens_per_rank", "plan.predicted");
     if (pd.contains("bubble_fraction")) p.predicted.bubble_fraction = pd["bubble_fraction"].cast<double>();
+    if (pd.contains("padding_fraction")) p.predicted.padding_fraction = pd["padding_fraction"].cast<double>();
   }
   return p;
 }
@@ -198,7 +200,8 @@ void bind_solve(py::module_& m) {
 
   py::class_<PlanOptions>(m, "PlanOptions", "Strategy and pipeline options of one planning call.")
       .def(py::init([](std::string strategy, int pp, int vpp, CountPolicy count_policy, bool tight_bound, int threads,
-                       double time_limit_s, const py::object& tuning, std::vector<std::vector<int>> ring_set) {
+                       double time_limit_s, const py::object& tuning, std::vector<std::vector<int>> ring_set,
+                       const py::object& static_shapes) {
              PlanOptions o;
              o.strategy = std::move(strategy);
              o.pp = pp;
@@ -209,14 +212,17 @@ void bind_solve(py::module_& m) {
              o.time_limit_s = time_limit_s;
              if (!tuning.is_none()) o.tuning = tuning.cast<DynacpTuning>();
              o.ring_set = std::move(ring_set);
+             if (!static_shapes.is_none()) o.static_shapes = static_shapes.cast<StaticShapes>();
              return o;
            }),
            py::arg("strategy") = "dynacp", py::arg("pp") = 1, py::arg("vpp") = 1,
            py::arg("count_policy") = CountPolicy::Variable, py::arg("tight_bound") = true, py::arg("threads") = 0,
            py::arg("time_limit_s") = 0.0, py::arg("tuning") = py::none(),
-           py::arg("ring_set") = std::vector<std::vector<int>>{})
+           py::arg("ring_set") = std::vector<std::vector<int>>{}, py::arg("static_shapes") = py::none())
       .def_readwrite("ring_set", &PlanOptions::ring_set,
                      "rings (pool ranks, ring order) every multi-rank group must use; empty = any ring")
+      .def_readwrite("static_shapes", &PlanOptions::static_shapes,
+                     "CUDA-graph mode: StaticShapes every group must have; StaticShapes() = off")
       .def_readwrite("threads", &PlanOptions::threads, "dynacp: solver threads; 0 = every hardware thread")
       .def_readwrite("time_limit_s", &PlanOptions::time_limit_s,
                      "dynacp: seconds after which the best plan so far is returned (Plan.partial); 0 = none")
@@ -254,6 +260,8 @@ void bind_solve(py::module_& m) {
       .def_readonly("per_rank_time", &Predicted::per_rank_time)
       .def_readonly("peak_tokens_per_rank", &Predicted::peak_tokens_per_rank)
       .def_readonly("bubble_fraction", &Predicted::bubble_fraction)
+      .def_readonly("padding_fraction", &Predicted::padding_fraction,
+                    "CUDA-graph mode: padded rows the token buckets add / all rows the ranks hold; 0 when off")
       .def_property_readonly(
           "gap", [](const Predicted& p) { return p.lower_bound > 0 ? p.step_time / p.lower_bound - 1 : 0.0; },
           "step_time / lower_bound - 1")
@@ -276,10 +284,16 @@ void bind_solve(py::module_& m) {
       .def("digest", &Plan::digest, "Stable 64-bit digest of the assignment (timings excluded).")
       .def(
           "validate",
-          [](const Plan& p, const py::object& lengths, const Cluster& c, const CostModel& cost,
-             const py::object& masks) { p.validate(make_batch(lengths, masks), c, cost); },
+          [](const Plan& p, const py::object& lengths, const Cluster& c, const CostModel& cost, const py::object& masks,
+             const py::object& static_shapes) {
+            const Batch b = make_batch(lengths, masks);
+            p.validate(b, c, cost);
+            if (!static_shapes.is_none()) static_shapes.cast<StaticShapes>().check_plan(p, b, c);
+          },
           py::arg("lengths"), py::arg("cluster"), py::arg("cost"), py::arg("masks") = py::none(),
-          "Check the invariants; raise ValueError describing the first violation.")
+          py::arg("static_shapes") = py::none(),
+          "Check the invariants (and, given static_shapes, that every group has a declared shape: degree, rows, "
+          "sequences, slots per rank); raise ValueError describing the first violation.")
       .def("to_dict", &plan_to_dict, "The fixed JSON-able plan format.")
       .def_static("from_dict", &plan_from_dict, py::arg("d"), "Inverse of to_dict (structure only; call validate).")
       .def(py::pickle([](const Plan& p) { return plan_to_dict(p); }, [](py::dict d) { return plan_from_dict(d); }))

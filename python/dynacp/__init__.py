@@ -25,6 +25,7 @@ from dynacp._core import (  # noqa: E402
     Plan,
     PlanOptions,
     Predicted,
+    StaticShapes,
     dynacp_families,
     preset,
     preset_names,
@@ -35,6 +36,7 @@ from dynacp.balance import balance, balance_lower_bound  # noqa: E402
 from dynacp.calibrate.fileformat import load_cost as _load_cost  # noqa: E402
 from dynacp.planner import configs  # noqa: E402
 from dynacp.planner.layout_cost import LayoutCost, layout_cost  # noqa: E402
+from dynacp.shapes import default_static_shapes  # noqa: E402
 
 # dynacp.CostModel.load(path): a cost preset file written by `dynacp calibrate fit` (docs/calibration.md)
 CostModel.load = staticmethod(_load_cost)  # type: ignore[attr-defined]
@@ -53,9 +55,11 @@ __all__ = [
     "Plan",
     "PlanOptions",
     "Predicted",
+    "StaticShapes",
     "balance",
     "balance_lower_bound",
     "configs",
+    "default_static_shapes",
     "dynacp_families",
     "layout_cost",
     "lower_bound",

@@ -57,6 +57,7 @@ def plan(
     time_limit: Optional[float] = None,
     tuning: Optional[_core.DynacpTuning] = None,
     ring_set: Optional[Sequence[Sequence[int]]] = None,
+    static_shapes: Optional[_core.StaticShapes] = None,
 ) -> _core.Plan:
     """Plan one global batch.
 
@@ -86,6 +87,10 @@ def plan(
             (:func:`dynacp.integration.rings.select_ring_set`). ``dynacp`` chooses its degrees and rings from the set
             while it searches; the other strategies' plans are projected onto it after their solve (the fallback).
             ``None`` (default): any ring.
+        static_shapes: CUDA-graph mode, a :class:`dynacp.StaticShapes` (token buckets in rows per rank, CP sizes in
+            ranks, microbatch slots per rank, sequences per group; e.g. :func:`dynacp.default_static_shapes`):
+            ``dynacp`` plans under the shapes and scores its candidates with their padding
+            (``plan.predicted.padding_fraction``); the other strategies raise ValueError. ``None`` (default): off.
 
     Returns:
         A validated :class:`dynacp.Plan` with ``predicted`` filled.
@@ -103,7 +108,8 @@ def plan(
         raise ValueError(f"time_limit must be > 0 seconds (or None for no limit), got {time_limit}")
     options = _core.PlanOptions(strategy=strategy, pp=pp, vpp=vpp, count_policy=policy, tight_bound=tight_bound,
                                 threads=threads, time_limit_s=time_limit or 0.0, tuning=tuning,
-                                ring_set=[[int(r) for r in ring] for ring in ring_set or []])
+                                ring_set=[[int(r) for r in ring] for ring in ring_set or []],
+                                static_shapes=static_shapes)
     return _core.plan(arr, cluster, cost, options, masks_)
 
 
@@ -117,10 +123,13 @@ def predict(
     pp: int = 1,
     vpp: int = 1,
     tight_bound: bool = True,
+    static_shapes: Optional[_core.StaticShapes] = None,
 ) -> _core.Predicted:
-    """Re-predict an existing plan (e.g. one read from JSON) under a cost model (``tight_bound`` as in :func:`plan`)."""
+    """Re-predict an existing plan (e.g. one read from JSON) under a cost model (``tight_bound`` as in :func:`plan`;
+    ``static_shapes`` prices each group's bucket padding)."""
     arr, cluster, cost, masks_ = _batch(lengths, cluster, cost, masks)
-    options = _core.PlanOptions(strategy=plan_.strategy, pp=pp, vpp=vpp, tight_bound=tight_bound)
+    options = _core.PlanOptions(strategy=plan_.strategy, pp=pp, vpp=vpp, tight_bound=tight_bound,
+                                static_shapes=static_shapes)
     return _core.predict(plan_, arr, cluster, cost, options, masks_)
 
 

@@ -3,7 +3,7 @@
 // multiple 2 or 4) and never beat the lower bound; dynacp must never be slower than another
 // strategy. The tight bound (with the cover term) is computed once per instance; the plans report the bound without
 // it (tight_bound = false), which must not exceed it.
-//   fuzz_plans [--instances N] [--seed S] [--extended 1] [--links 1] [--ring-sets 1]
+//   fuzz_plans [--instances N] [--seed S] [--extended 1] [--links 1] [--ring-sets 1] [--static-shapes 1]
 //   (CTest runs short versions; docs/benchmarks.md the long ones)
 // --extended 1 also draws the extended model form's per-document terms (CostModel::extended(): s^1.5 and s log s
 // attention terms, per-document, per-hop and single-rank floors, partial overlap) at random, from their own random
@@ -14,10 +14,15 @@
 // --ring-sets 1 also draws a ring set per instance (PlanOptions::ring_set), from a fourth stream: the power-of-two
 // tilings of each node (or of the pool), a few random rings, and the whole pool; every multi-rank group of every
 // strategy's plan must then be a ring of the set, in its ring order.
+// --static-shapes 1 runs dynacp alone under random StaticShapes (CUDA-graph mode) on small instances (8-32 ranks, 8
+// per node, up to 64 sequences, pp 1 or 2): 1-4 token buckets, CP sizes {1, 2, 4, 8} or a subset with 1, slot and
+// sequence caps on or off; every plan must pass Plan::validate and StaticShapes::check_plan. Shapes no plan meets
+// (InvalidArgument from the planner) count separately as infeasible.
 // Anchor plans the simulator rejects - a 1F1B deadlock, or under vpp > 1 microbatch counts that are not multiples
 // of pp (megatron raises when it cannot split to one) - count separately; dynacp must plan every instance where any
 // other strategy does (under vpp > 1 a batch may have no plan whose counts are all multiples of pp).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -72,12 +77,83 @@ bool inside(const Plan& p, const std::vector<std::vector<int>>& rings) {
   return true;
 }
 
+// One random static-shape instance's pool, shapes, options and batch (run_static_shapes).
+struct ShapeInstance {
+  Cluster c;
+  CostModel cost;
+  PlanOptions o;
+  Batch b;
+};
+
+ShapeInstance draw_shape_instance(std::mt19937_64& rng) {
+  ShapeInstance x;
+  x.c.ranks_per_node = 8;
+  x.c.num_ranks = 8 * (1 + static_cast<int>(rng() % 4));
+  x.cost.attn_coef *= std::exp(std::uniform_real_distribution<double>(-2, 2)(rng));
+  x.cost.group_overhead *= std::uniform_real_distribution<double>(0, 2)(rng);
+  const std::int64_t cap = 2 * (128 + static_cast<std::int64_t>(rng() % 4096));
+  x.c.tokens_per_rank = cap;
+  StaticShapes& s = x.o.static_shapes;
+  for (int f = 8; f >= 1; f /= 2)  // buckets at cap / 8, / 4, / 2, / 1, each kept with probability 3/4 (cap always)
+    if (f == 1 || rng() % 4 != 0) s.token_buckets.push_back(std::max<std::int64_t>(2, cap / f / 2 * 2));
+  s.token_buckets.erase(std::unique(s.token_buckets.begin(), s.token_buckets.end()), s.token_buckets.end());
+  s.cp_sizes = {1};
+  for (int d = 2; d <= 8; d *= 2)
+    if (rng() % 4 != 0) s.cp_sizes.push_back(d);
+  s.max_microbatches = rng() % 3 == 0 ? 0 : 2 + static_cast<int>(rng() % 7);
+  s.max_sequences = rng() % 3 == 0 ? 0 : 1 + static_cast<int>(rng() % 16);
+  x.o.strategy = "dynacp";
+  x.o.pp = rng() % 3 == 0 ? 2 : 1;
+  x.o.tight_bound = false;
+  const std::int64_t longest = cap * s.cp_sizes.back();
+  const int n = 1 + static_cast<int>(rng() % 64);
+  std::lognormal_distribution<double> logn(std::log(static_cast<double>(cap)) - 1.5, 1.5);
+  for (int i = 0; i < n; ++i) {
+    x.b.lengths.push_back(std::clamp<std::int64_t>(static_cast<std::int64_t>(logn(rng)), 1, longest));
+    x.b.masks.push_back(rng() % 6 == 0 ? Mask::Full : Mask::Causal);
+  }
+  return x;
+}
+
+// --static-shapes 1: dynacp under random static shapes; returns the process exit code.
+int run_static_shapes(long instances, std::uint64_t seed) {
+  std::mt19937_64 rng(seed ^ 0x2545f4914f6cdd1dULL);
+  long plans = 0, invalid_plans = 0, infeasible = 0, padded = 0;
+  for (long it = 0; it < instances; ++it) {
+    const ShapeInstance x = draw_shape_instance(rng);
+    try {
+      const Plan p = plan(x.b, x.c, x.cost, x.o);
+      ++plans;
+      try {
+        p.validate(x.b, x.c, x.cost);
+        x.o.static_shapes.check_plan(p, x.b, x.c);
+        if (p.predicted.padding_fraction < 0 || p.predicted.padding_fraction >= 1)
+          throw InvalidArgument("padding_fraction outside [0, 1)");
+        if (p.predicted.padding_fraction > 0) ++padded;
+      } catch (const InvalidArgument& e) {
+        ++invalid_plans;
+        std::fprintf(stderr, "instance %ld: invalid plan under %s: %s\n", it, x.o.static_shapes.describe().c_str(),
+                     e.what());
+      }
+    } catch (const InvalidArgument&) {
+      ++infeasible;  // the declared shapes admit no plan the solver found (named by the planner)
+    } catch (const std::exception& e) {
+      ++invalid_plans;
+      std::fprintf(stderr, "instance %ld: %s\n", it, e.what());
+    }
+  }
+  std::printf("fuzz (static shapes): %ld instances, %ld plans, %ld with padding, %ld infeasible shapes\n", instances,
+              plans, padded, infeasible);
+  std::printf("fuzz: %ld passed, %ld failed\n", plans - invalid_plans, invalid_plans);
+  return invalid_plans == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   long instances = 1000;
   std::uint64_t seed = 1;
-  bool extended = false, links = false, ring_sets = false;
+  bool extended = false, links = false, ring_sets = false, static_shapes = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--instances"))
       instances = std::stol(argv[i + 1]);
@@ -89,7 +165,10 @@ int main(int argc, char** argv) {
       links = std::stoi(argv[i + 1]) != 0;
     else if (!std::strcmp(argv[i], "--ring-sets"))
       ring_sets = std::stoi(argv[i + 1]) != 0;
+    else if (!std::strcmp(argv[i], "--static-shapes"))
+      static_shapes = std::stoi(argv[i + 1]) != 0;
   }
+  if (static_shapes) return run_static_shapes(instances, seed);
   std::mt19937_64 rng(seed), ext_rng(seed ^ 0x9e3779b97f4a7c15ULL), link_rng(seed ^ 0xc2b2ae3d27d4eb4fULL),
       ring_rng(seed ^ 0x165667b19e3779f9ULL);
   long plans = 0, failed = 0, deadlocks = 0, unaligned = 0, unplanned = 0, dynacp_worse = 0, inter_faster = 0;

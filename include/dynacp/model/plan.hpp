@@ -28,6 +28,9 @@ struct Predicted {
   std::int64_t peak_tokens_per_rank = 0;  ///< most rows (tokens and their padding) a rank holds in any group
   // Extensions (later format additions never remove fields above).
   double bubble_fraction = 0.0;  ///< idle share of step_time x P (pipeline bubbles + imbalance)
+  /// CUDA-graph mode (PlanOptions::static_shapes): padded rows the token buckets add / all rows the ranks hold, over
+  /// every group; 0 when off.
+  double padding_fraction = 0.0;
   bool operator==(const Predicted&) const = default;
 };
 

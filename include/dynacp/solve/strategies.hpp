@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "dynacp/model/plan.hpp"
+#include "dynacp/model/shapes.hpp"
 #include "dynacp/solve/strategies/dynacp/tuning.hpp"
 
 namespace dynacp {
@@ -43,6 +44,11 @@ struct PlanOptions {
   /// set and scores each candidate on the set (solve/blocks/ring_set.hpp), so it chooses among constrained plans; the
   /// other strategies' plans are projected onto the set after their solve (the fallback). Empty = any ring.
   std::vector<std::vector<int>> ring_set;
+  /// CUDA-graph mode (model/shapes.hpp): the shapes every group must have. `dynacp` plans under them (degrees from
+  /// cp_sizes on a ring set of node-aligned tilings unless ring_set is given, capacity = the largest bucket, the
+  /// sequence and slot caps) and scores candidates with their padding; the other strategies raise InvalidArgument.
+  /// Empty (the default) = off, and every plan is bit-identical to a solve without the field.
+  StaticShapes static_shapes;
   /// Called between candidate builds on the calling thread; may throw to abort the solve (Python's bindings raise
   /// KeyboardInterrupt from it on Ctrl-C). Empty = never.
   std::function<void()> check_interrupt;

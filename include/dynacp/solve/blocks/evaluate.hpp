@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "dynacp/model/plan.hpp"
+#include "dynacp/model/shapes.hpp"
 
 namespace dynacp::solve {
 
@@ -29,5 +30,8 @@ double group_timeline(const Plan& plan, int num_ranks, TimeOf&& time_of, Visit&&
 /// Predicted step time, busy time per rank, peak tokens per rank and bubble fraction of `plan`; the lower bound
 /// is filled from lower_bound() (bounds/lower_bound.hpp).
 Predicted evaluate(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost);
+/// The same with every group priced under `shapes` (StaticShapes::priced) and padding_fraction filled.
+Predicted evaluate(const Plan& plan, const Batch& batch, const Cluster& cluster, const CostModel& cost,
+                   const StaticShapes& shapes);
 
 }  // namespace dynacp::solve

@@ -16,6 +16,7 @@
 #include "dynacp/model/error.hpp"
 #include "dynacp/model/log.hpp"
 #include "dynacp/solve/blocks/evaluate.hpp"
+#include "dynacp/solve/blocks/shapes.hpp"
 #include "dynacp/solve/blocks/timeline.hpp"
 #include "dynacp/solve/bounds/lower_bound.hpp"
 #include "dynacp/solve/search/local_search.hpp"
@@ -311,6 +312,13 @@ std::vector<std::string> dynacp_families() {
 
 namespace dyn {
 namespace {
+// A candidate as the solve would return it: on the ring set (RingSet::project) and within the static shapes'
+// sequence cap (split_sequences).
+Plan shaped(Plan p, const Batch& batch, const Cluster& cluster, const CostModel& cost, const PlanOptions& options,
+            const RingSet& rings) {
+  return split_sequences(rings.project(std::move(p), batch, cluster, cost), batch, cluster, options.static_shapes);
+}
+
 // The scorer the search uses: options.score (or the group timeline) memoised by the plan's assignment. Builds often
 // repeat a plan (about a fifth of the pipelined builds on bench.py's batches) and scoring - the simulator - is much
 // of the search's cost. The key is Plan::fingerprint, two independent 64-bit hashes of the assignment (a false match
@@ -330,8 +338,9 @@ std::function<double(const Plan&)> memoised_score(const Batch& batch, const Clus
       const std::lock_guard lock(memo->mutex);
       if (auto it = memo->seen.find(key); it != memo->seen.end()) return it->second;
     }
-    const double t = rings.empty() ? score(p, batch, cluster, cost, options)
-                                   : score(rings.project(p, batch, cluster, cost), batch, cluster, cost, options);
+    const double t = rings.empty() && options.static_shapes.max_sequences <= 0
+                         ? score(p, batch, cluster, cost, options)
+                         : score(shaped(p, batch, cluster, cost, options, rings), batch, cluster, cost, options);
     const std::lock_guard lock(memo->mutex);
     memo->seen.emplace(key, t);
     return t;
@@ -410,7 +419,7 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
     if (scores[i] < (best == candidates.size() ? std::numeric_limits<double>::infinity() : scores[best])) best = i;
   const bool partial = run.cut_short() || (options.time_limit_s > 0 && run.expired());
   if (best < candidates.size()) {
-    Plan out = rings.project(std::move(candidates[best].plan), batch, cluster, cost);  // (as it was scored)
+    Plan out = shaped(std::move(candidates[best].plan), batch, cluster, cost, options, rings);  // (as scored)
     if (options.pp > 1) {
       double t = scores[best];
       const ParallelFor parallel = [&run](std::size_t n, const std::function<void(std::size_t)>& f) {
@@ -421,12 +430,16 @@ Plan dynacp(const Batch& batch, const Cluster& cluster, const CostModel& cost, c
       lap("class and ring order polish of the winner");
     }
     out = local_search(std::move(out), batch, cluster, cost, options, tune.local_search, run.deadline());
-    out = rings.project(std::move(out), batch, cluster, cost);  // (its moves are scored projected)
+    out = shaped(std::move(out), batch, cluster, cost, options, rings);  // (its moves are scored so)
     lap("local search");
     out.family = families()[candidates[best].family].name;
     out.partial = partial;
     return out;
   }
+  if (options.static_shapes.enabled())
+    invalid("dynacp: no candidate plan meets ", options.static_shapes.describe(), " (", batch.size(), " sequences, ",
+            batch.total_tokens(), " tokens on ", cluster.num_ranks,
+            " ranks); allow more microbatch slots, sequences per group or a larger bucket");
   if (options.pp <= 1) throw Error("dynacp: no candidate plan could be scored (a bug)");
   if (Plan p = pool_slots(batch, cluster, cost, options.vpp > 1 ? options.pp : 1); !p.microbatches.empty()) {
     p.family = "pool-slots";
