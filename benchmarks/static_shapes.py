@@ -8,7 +8,7 @@ rows held, ``plan.predicted.padding_fraction``):
 
 * **free**: ``dynacp.plan`` without shapes;
 * **CUDA-graph mode**: ``dynacp.plan(..., static_shapes=dynacp.default_static_shapes(cluster, cost, buckets=4,
-  cp_sizes=(1, 2, 4, 8), max_microbatches=8, max_sequences=--max-sequences))``: the solver plans under the shapes;
+  cp_sizes=--cp-sizes, max_microbatches=8, max_sequences=--max-sequences))``: the solver plans under the shapes;
 * **pad-to-cap** (Megatron-LM dev's rule for CUDA graphs: one bucket, the token capacity per rank): dynacp planning
   under ``StaticShapes(token_buckets=[cap], ...)``, and Megatron's own plan (strategy ``megatron``) with every
   group padded to the cap (``dynacp.predict(..., static_shapes=...)`` prices the padding).
@@ -100,7 +100,9 @@ def main() -> int:
     ap.add_argument("--gbs", type=int, default=512, help="sequences per global batch")
     ap.add_argument("--pp", type=int, nargs="+", default=[1], help="pipeline stages (one row per value)")
     ap.add_argument("--buckets", type=int, default=4, help="token buckets of CUDA-graph mode")
-    ap.add_argument("--cp-sizes", type=int, nargs="+", default=[1, 2, 4, 8], help="allowed CP sizes (ranks)")
+    ap.add_argument("--cp-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64],
+                    help="allowed CP sizes (ranks); {1, 2, 4, 8} cannot hold the long sequences of github, longcontext "
+                         "and fcp-extreme at 16,384 tokens per rank")
     ap.add_argument("--slots", type=int, default=8, help="microbatch slots per rank per step")
     ap.add_argument("--max-sequences", type=int, default=64, help="sequences per microbatch (0 = unbounded)")
     ap.add_argument("--seed", type=int, default=0)

@@ -5,7 +5,8 @@ the shape each microbatch gets (docs/static_shapes.md).
     DYNACP_EXT_DIR=$PWD/build/python PYTHONPATH=$PWD/python python3 examples/cuda_graph_shapes.py
 
 Plans one 512-sequence batch of the ``github`` distribution on 64 ranks (8 per node, 16,384 tokens per rank) twice:
-freely, and under ``dynacp.default_static_shapes`` (4 token buckets, CP sizes 1/2/4/8, at most 8 microbatches per
+freely, and under ``dynacp.default_static_shapes`` (4 token buckets, power-of-two CP sizes 1-64 -- github holds
+sequences longer than 8 ranks x 16,384 tokens --, at most 8 microbatches per
 rank, at most 64 sequences per microbatch). Step times are predicted by the cost model.
 """
 
@@ -25,8 +26,8 @@ from dynacp.integration.shapes import MicrobatchShape, group_padded
 def main() -> None:
     cluster = dynacp.Cluster(num_ranks=64, ranks_per_node=8, tokens_per_rank=16384)
     cost = dynacp.CostModel()
-    shapes = dynacp.default_static_shapes(cluster, cost, buckets=4, cp_sizes=(1, 2, 4, 8), max_microbatches=8,
-                                          max_sequences=64)
+    shapes = dynacp.default_static_shapes(cluster, cost, buckets=4, cp_sizes=(1, 2, 4, 8, 16, 32, 64),
+                                          max_microbatches=8, max_sequences=64)
     bank = Planner(static_shapes=shapes).declared_shapes()
     print(f"graph bank: {len(bank)} shapes, buckets {list(shapes.token_buckets)} rows per rank, cp "
           f"{list(shapes.cp_sizes)}, cu_seqlens of {shapes.max_sequences + 1} entries")

@@ -94,12 +94,14 @@ def make_planner(pool: int = 4) -> Planner:
 
 def test_group_padding_reaches_the_bucket_by_hand():
     """Lengths 5 and 3 on 2 ranks pad to 8 and 4 tokens (6 rows per rank); bucket 8 adds 2 rows per rank (4 tokens)
-    to the last sequence; free shapes keep the zigzag padding only."""
+    as a padding-only sequence, or, with no room left in cu_seqlens (max_sequences = 2), to the last sequence; free
+    shapes keep the zigzag padding only."""
     shapes = HandShapes()
     assert group_padded([5, 3], 2, 2, None) == [8, 4]
-    assert group_padded([5, 3], 2, 2, shapes) == [8, 8]
+    assert group_padded([5, 3], 2, 2, shapes) == [8, 4, 4]
+    assert group_padded([5, 3], 2, 2, HandShapes(max_sequences=2)) == [8, 8]
     assert group_padded([30], 2, 2, shapes) == [32]  # 16 rows: already a bucket
-    assert group_padded([1], 1, 2, shapes) == [8]
+    assert group_padded([1], 1, 2, shapes) == [2, 6]
     with pytest.raises(ValueError, match="exceed the largest bucket"):
         group_padded([40], 2, 2, shapes)
     with pytest.raises(ValueError, match="seq_pad_multiple"):
@@ -195,7 +197,7 @@ def test_every_microbatch_has_a_declared_shape(shapes_run):
     bank = set(shapes_run[0]["bank"])
     assert len(bank) == len(make_shapes().cp_sizes) * len(BUCKETS)
     assert len(shapes_run[0]["steps"]) == len(BATCHES) + RANDOM_STEPS
-    emitted = set()
+    emitted, pad_only = set(), 0
     for r, res in enumerate(shapes_run):
         assert res["new_group_calls"] == 0 and res["created"] == 0, "no process group after start-up"
         for k, step in enumerate(res["steps"]):
@@ -207,7 +209,10 @@ def test_every_microbatch_has_a_declared_shape(shapes_run):
                 assert len(mb["cu_seqlens"]) == len(mb["cu_seqlens_padded"]) == MAX_SEQS + 1
                 assert mb["cu_seqlens_padded"][-1] == shape.rows * shape.cp_size == mb["max_seqlen"]
                 emitted.add(shape)
+                cu, cup = mb["cu_seqlens"], mb["cu_seqlens_padded"]
+                pad_only += any(b == a and d > c for a, b, c, d in zip(cu, cu[1:], cup, cup[1:]))
     assert len({s.rows for s in emitted}) == len(BUCKETS), f"both buckets used: {sorted(emitted)}"
+    assert pad_only > 0, "some microbatch is padded by a padding-only tail sequence"
 
 
 def test_padding_to_buckets_keeps_loss_and_gradients(shapes_run):
@@ -256,4 +261,4 @@ def test_example_runs_as_written(capsys):
     from pathlib import Path
 
     runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "cuda_graph_shapes.py"), run_name="__main__")
-    assert "graph bank: 16 shapes" in capsys.readouterr().out
+    assert "graph bank: 28 shapes" in capsys.readouterr().out

@@ -6,10 +6,12 @@ and replay it every step:
 
 * **rows per rank** (tokens each rank of the ring holds) are one of ``token_buckets``: a microbatch whose
   sequences take fewer padded rows is padded up to the smallest bucket that holds them (the solver's
-  ``bucket_of``). The extra rows extend the padding of the microbatch's last sequence -- the same end-of-sequence
-  padding the zigzag layout already uses (:func:`~dynacp.integration.layout.padded_length`) -- so they carry
-  ``loss_mask`` 0, label 0, ``sequence_ids`` -1, and no real token attends to them (causal): loss and gradients
-  are unchanged;
+  ``bucket_of``). The extra rows form one padding-only sequence after the real ones (real length 0 in
+  ``cu_seqlens``, its rows in ``cu_seqlens_padded``), built on each rank without moving over the network, so every
+  real sequence keeps its balanced zigzag layout; only when the microbatch already has ``max_sequences``
+  sequences do they extend the last sequence's end padding (the padding the zigzag layout already uses,
+  :func:`~dynacp.integration.layout.padded_length`). Either way they carry ``loss_mask`` 0, label 0,
+  ``sequence_ids`` -1, and no real token attends to them: loss and gradients are unchanged;
 * **CP size** is one of ``cp_sizes``;
 * **cu_seqlens** (and ``cu_seqlens_padded``) have exactly ``max_sequences + 1`` entries: the tail repeats the last
   offset (empty sequences), and ``max_seqlen`` is the fixed bound ``bucket rows x cp``;
@@ -81,9 +83,11 @@ def describe(static_shapes: Optional[Any]) -> Optional[dict]:
 
 
 def group_padded(seq_lens: Sequence[int], cp: int, pad: int, static_shapes: Optional[Any]) -> list[int]:
-    """Padded length of each sequence of one CP group of ``cp`` ranks (in group order): each to a multiple of
-    ``pad * cp``; in CUDA-graph mode the last one also takes the rows up to the group's bucket. The one place the
-    wrapper decides how many rows a sequence occupies."""
+    """Padded length of each sequence of one CP group of ``cp`` ranks (in group order), each to a multiple of
+    ``pad * cp``. In CUDA-graph mode the rows up to the group's bucket follow as one more entry, a padding-only
+    sequence (real length 0), when ``cu_seqlens`` has room for it (fewer than ``max_sequences`` sequences);
+    otherwise they extend the last sequence's padding. The one place the wrapper decides how many rows a sequence
+    occupies."""
     padded = [padded_length(int(n), cp, pad) for n in seq_lens]
     if not active(static_shapes) or not padded:
         return padded
@@ -93,6 +97,11 @@ def group_padded(seq_lens: Sequence[int], cp: int, pad: int, static_shapes: Opti
         raise ValueError(f"dynacp: StaticShapes bucket {bucket} rows for a microbatch of {rows} rows per rank on "
                          f"{cp} ranks: buckets must hold the rows and be multiples of Cluster.seq_pad_multiple = "
                          f"{pad}")
+    if bucket == rows:
+        return padded
+    room = _limit(static_shapes.max_sequences) is None or len(padded) < int(static_shapes.max_sequences)
+    if room:
+        return padded + [(bucket - rows) * cp]
     padded[-1] += (bucket - rows) * cp
     return padded
 

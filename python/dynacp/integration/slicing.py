@@ -78,11 +78,20 @@ def build_microbatch(recv: torch.Tensor, dtypes: dict[str, torch.dtype], lengths
                      pieces: list[tuple[int, int]]) -> dict:
     """One microbatch from the rows ``pieces`` (row ranges of ``recv``, in sequence order): its fields in ``dtypes``,
     ``sequence_ids`` (int64, -1 on padding) and its packing metadata; ``lengths`` is every global sequence's,
-    ``padded`` the padded length of each of ``seqs`` (:func:`~dynacp.integration.shapes.group_padded`)."""
-    cols = [torch.cat([recv[a:b, f] for a, b in pieces]) for f in range(WIDTH)]
-    mb = {name: from_i64(cols[f], dtypes[name]) for f, name in enumerate(FIELDS)}
-    mb.update(microbatch_meta(slot, ring, cp_rank, seqs, [lengths[s] for s in seqs], padded, static_shapes))
-    mb["sequence_ids"] = cols[len(FIELDS)]
+    ``padded`` the padded length of each of ``seqs`` (:func:`~dynacp.integration.shapes.group_padded`), plus, in
+    CUDA-graph mode, a last entry for the padding-only sequence up to the bucket, whose rows are made here."""
+    blocks = [recv[a:b] for a, b in pieces]
+    seq_lens = [lengths[s] for s in seqs]
+    if len(padded) > len(seqs):  # the padding-only tail sequence: nothing travelled for it
+        empty = {name: torch.empty(0, dtype=dtypes[name]) for name in FIELDS}
+        tail = torch.empty(padded[-1] // len(ring), WIDTH, dtype=torch.int64)
+        slice_rows(empty, -1, len(ring), cp_rank, tail, padded=padded[-1])
+        blocks.append(tail)
+        seq_lens.append(0)
+    rows = torch.cat(blocks)
+    mb = {name: from_i64(rows[:, f].contiguous(), dtypes[name]) for f, name in enumerate(FIELDS)}
+    mb.update(microbatch_meta(slot, ring, cp_rank, seqs, seq_lens, padded, static_shapes))
+    mb["sequence_ids"] = rows[:, len(FIELDS)].contiguous()
     return mb
 
 
