@@ -47,7 +47,7 @@ from dynacp.integration.tiny_gpt import microbatch_loss
 
 SOLVER_SHAPES = hasattr(dynacp, "StaticShapes")  # the solver half (dynacp.plan(..., static_shapes=...))
 BUCKETS = [8, 16]          # rows per rank (the 4-rank test pool's budget is 16 tokens per rank)
-MAX_MB, MAX_SEQS = 8, 4
+MAX_MB, MAX_SEQS = 12, 4  # 12 slots x 16 rows x 4 ranks hold the largest random batch (up to ~500 tokens)
 RANDOM_STEPS = 18          # steps of random lengths after the two reference batches
 PER_RANK = 3               # samples each rank reads per global batch
 
@@ -68,11 +68,12 @@ class HandShapes:
         return fits[0]
 
 
-def make_shapes():
-    if SOLVER_SHAPES:
-        return dynacp.StaticShapes(token_buckets=BUCKETS, cp_sizes=[1, 2, 4], max_microbatches=MAX_MB,
+def make_shapes(pool: int = 4):
+    if SOLVER_SHAPES:  # CP sizes must divide the pool
+        return dynacp.StaticShapes(token_buckets=BUCKETS, cp_sizes=[c for c in (1, 2, 4) if pool % c == 0],
+                                   max_microbatches=MAX_MB,
                                    max_sequences=MAX_SEQS)
-    return HandShapes(max_microbatches=12)  # fcp takes up to 9 slots on these batches
+    return HandShapes()  # fcp takes up to 9 slots on these batches
 
 
 def make_planner(pool: int = 4) -> Planner:
@@ -80,7 +81,7 @@ def make_planner(pool: int = 4) -> Planner:
     cost = dynacp.CostModel(**COST)
     if SOLVER_SHAPES:  # the solver plans under the shapes
         return Planner(strategy="dynacp", cluster=cluster, cost=cost, timeout=PG_TIMEOUT_S,
-                       static_shapes=make_shapes())
+                       static_shapes=make_shapes(pool))
 
     def fcp_equal(lengths: np.ndarray) -> dynacp.Plan:  # satisfies the stand-in shapes (the wrapper checks)
         return dynacp.plan(lengths, cluster=cluster, cost=cost, strategy="fcp", count_policy="equal")
