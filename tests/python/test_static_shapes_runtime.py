@@ -9,6 +9,7 @@ Run: DYNACP_EXT_DIR=$PWD/build/python PYTHONPATH=$PWD/python python3 -m pytest t
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -16,7 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from gloo_workers import PG_TIMEOUT_S, counting_new_groups, run_workers
+from gloo_workers import PG_TIMEOUT_S, counting_new_groups, run_raw, run_workers
 from test_integration import (
     BATCHES,
     CLUSTER,
@@ -263,3 +264,24 @@ def test_example_runs_as_written(capsys):
 
     runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "cuda_graph_shapes.py"), run_name="__main__")
     assert "graph bank: 28 shapes" in capsys.readouterr().out
+
+
+def _off_shape_worker(rank: int, world: int) -> str:
+    """A plan_fn whose plan uses a 3-rank ring under shapes that allow CP sizes 1, 2 and 4 only."""
+    groups = make_process_groups(timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    planner = dataclasses.replace(make_planner(), static_shapes=HandShapes(cp_sizes=(1, 2, 4)))
+    if SOLVER_SHAPES:  # make_planner's solver path plans inside the shapes: take the fcp plan instead
+        cluster, cost = planner.resolved_cluster(world), planner.cost
+        planner.plan_fn = lambda lengths: dynacp.plan(lengths, cluster=cluster, cost=cost, strategy="fcp",
+                                                      count_policy="equal")
+    stream = iter(rank_share(make_global_batch(BATCHES[0], seed=0), rank, world))
+    DynamicCPDataIterator(stream, planner=planner, groups=groups, num_samples=3).next_global_batch()
+    return "no error"
+
+
+def test_a_plan_outside_the_shapes_fails_every_rank():
+    """fcp's plan of the first reference batch has a 3-rank ring: every rank raises the same RankFailedError,
+    naming the ring and StaticShapes.cp_sizes, and none hangs."""
+    for r, res in enumerate(run_raw(_off_shape_worker, world=4, deadline=120)):
+        assert not res["ok"], f"rank {r} ran a plan outside the shapes"
+        assert res["type"] == "RankFailedError" and "CP size 3 is not in StaticShapes.cp_sizes" in res["error"]
