@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import pickle
@@ -10,13 +11,31 @@ import socket
 import tempfile
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 PG_TIMEOUT_S = 30        # each torch.distributed collective
 DEADLINE_S = 180         # whole multi-process run (then every child is killed and the test fails)
+
+
+@contextlib.contextmanager
+def counting_new_groups() -> Iterator[list]:
+    """Count the ``torch.distributed.new_group`` calls made inside the block: the yielded list gets one entry (the
+    call's positional arguments) per call."""
+    calls: list = []
+    original = dist.new_group
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    dist.new_group = counting
+    try:
+        yield calls
+    finally:
+        dist.new_group = original
 
 
 def _free_port() -> int:

@@ -10,8 +10,7 @@ import datetime
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-from gloo_workers import PG_TIMEOUT_S, run_workers
+from gloo_workers import PG_TIMEOUT_S, counting_new_groups, run_workers
 from test_integration import CLUSTER, COST, MODEL, make_global_batch
 
 import dynacp
@@ -45,15 +44,7 @@ def _train(rank: int, world: int, mode: str, steps: int) -> dict:
     if mode == "prebuilt-default":  # the default set of the pool, and the wrapper plans on it (Planner.ring_set None)
         kwargs = {"cp_groups": "prebuilt"}
     groups = make_process_groups(timeout=datetime.timedelta(seconds=PG_TIMEOUT_S), **kwargs)
-    calls: list = []
-    original = dist.new_group
-
-    def counting(*args, **kwargs):
-        calls.append(args)
-        return original(*args, **kwargs)
-
-    dist.new_group = counting  # every group creation from here on is counted
-    try:
+    with counting_new_groups() as calls:  # every group creation from here on is counted
         samples = []
         for s, lengths in enumerate(_batches(steps, world)):
             samples += make_global_batch(lengths, seed=s)[rank * PER_RANK:(rank + 1) * PER_RANK]
@@ -84,8 +75,6 @@ def _train(rank: int, world: int, mode: str, steps: int) -> dict:
         return {"new_group_calls": len(calls), "created": groups.cp_pool.created_after_startup,
                 "rings": sorted(seen), "set": None if pool_set is None else [tuple(r) for r in pool_set],
                 "loss": loss}
-    finally:
-        dist.new_group = original
 
 
 def test_hundred_steps_with_dynacp_ring_create_no_process_group():

@@ -18,6 +18,7 @@ from dynacp.integration.packed import (
     megatron_packed_seq_params_class,
 )
 from dynacp.integration.rings import distinct_rings, restrict_plan, ring_set
+from dynacp.integration.shapes import MicrobatchShape, declared_shapes
 from dynacp.integration.status import CommunicationError, Failure, RankFailedError
 from dynacp.integration.wrapper import (
     FIELDS,
@@ -31,7 +32,8 @@ from dynacp.integration.wrapper import (
 )
 
 __all__ = [
-    "CPGroupPool", "CPRing", "CommunicationError", "DynamicCPDataIterator", "FIELDS", "Failure", "GlobalBatch", "PackedSeqParams",
+    "CPGroupPool", "CPRing", "CommunicationError", "DynamicCPDataIterator", "FIELDS", "Failure", "GlobalBatch",
+    "MicrobatchShape", "PackedSeqParams", "declared_shapes",
     "PlanMismatchError", "Planner", "ProcessGroups", "RankFailedError", "RerouteStats", "TEContextParallel",
     "distinct_rings", "make_te_context_parallel", "restrict_plan", "ring_set",
     "allgather_kv_attention", "cp_attention", "finalize_grads", "get_wrapper", "gpt_flops", "make_process_groups",

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 import dynacp
 from dynacp import log
+from dynacp.integration import shapes
 from dynacp.integration.status import Timed
 
 
@@ -72,6 +73,14 @@ class Planner:
     plans on the set; other strategies are projected onto it). ``None`` (default): no restriction, except that the
     wrapper uses the pool's pre-built set when ``cp_groups="prebuilt"``; what the constraint costs on the benchmark
     workloads is in docs/benchmarks.md."""
+    static_shapes: Optional[Any] = None
+    """CUDA-graph mode: a ``dynacp.StaticShapes`` (rows per rank ``token_buckets``, CP sizes ``cp_sizes``, at most
+    ``max_microbatches`` microbatches per rank per step and ``max_sequences`` sequences per microbatch). The solver
+    plans under it (``dynacp.plan(..., static_shapes=...)``) and the wrapper emits exactly those shapes: each
+    microbatch padded to its bucket (pad rows carry ``loss_mask`` 0), ``cu_seqlens`` of ``max_sequences + 1``
+    entries, its :class:`~dynacp.integration.shapes.MicrobatchShape` in ``microbatch["shape"]``;
+    :meth:`declared_shapes` lists the graph bank. A plan outside the shapes (e.g. from ``plan_fn``) makes every
+    rank raise. ``None`` (default): free shapes. See docs/static_shapes.md."""
     plan_fn: Optional[Callable[[np.ndarray], dynacp.Plan]] = None
     """Override: a deterministic function of the int64 lengths array returning a Plan (custom schedulers, tests).
     It must be deterministic and identical on every rank; the digest check still applies."""
@@ -105,9 +114,15 @@ class Planner:
         """Plan one global batch (releases the GIL inside the C++ solver)."""
         if self.plan_fn is not None:
             return self.plan_fn(lengths)
+        extra = {} if self.static_shapes is None else {"static_shapes": self.static_shapes}
         return dynacp.plan(lengths, cluster=self.resolved_cluster(pool_size), cost=self.cost or dynacp.CostModel(),
                            strategy=self.strategy, pp=self.pp, vpp=self.vpp, count_policy=self.count_policy,
-                           tight_bound=self.tight_bound, ring_set=self.ring_set)
+                           tight_bound=self.tight_bound, ring_set=self.ring_set, **extra)
+
+    def declared_shapes(self) -> list:
+        """Every :class:`~dynacp.integration.shapes.MicrobatchShape` CUDA-graph mode may emit (each CP size x each
+        bucket: the graph bank a runtime captures at start-up); ``[]`` without ``static_shapes``."""
+        return shapes.declared_shapes(self.static_shapes) if shapes.active(self.static_shapes) else []
 
     def fingerprint(self) -> str:
         """A short stable hash of everything that determines the plan (for the cross-rank check)."""
@@ -118,13 +133,14 @@ class Planner:
             "pp": self.pp, "vpp": self.vpp, "count_policy": self.count_policy, "empty_samples": self.empty_samples,
             "plan_fn": None if self.plan_fn is None else getattr(self.plan_fn, "__qualname__", repr(self.plan_fn)),
             "ring_set": None if self.ring_set is None else [list(map(int, r)) for r in self.ring_set],
+            "static_shapes": shapes.describe(self.static_shapes),
         }
         return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def describe(self) -> dict:
         """Plain-dict view for error messages and logs."""
         return {"strategy": self.strategy, "pp": self.pp, "vpp": self.vpp, "count_policy": self.count_policy,
-                "empty_samples": self.empty_samples,
+                "empty_samples": self.empty_samples, "static_shapes": shapes.describe(self.static_shapes),
                 "cluster": None if self.cluster is None else dict(self.cluster.to_dict()),
                 "cost": None if self.cost is None else {k: v for k, v in dict(self.cost.to_dict()).items()
                                                          if k not in ("name", "source")}}

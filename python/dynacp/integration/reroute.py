@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
 import dynacp
 from dynacp.integration.gather import FIELDS, Gathered
-from dynacp.integration.layout import cumulative, padded_length
+from dynacp.integration.layout import cumulative
+from dynacp.integration.shapes import check_plan, group_padded
 from dynacp.integration.slicing import WIDTH, build_microbatch, slice_rows
 from dynacp.integration.status import Timed
 
-#: One microbatch of this rank in a route: (slot, ring, ring position, sequence ids, row ranges in the receive buffer).
-Block = tuple[int, tuple[int, ...], int, list[int], list[tuple[int, int]]]
+#: One microbatch of this rank in a route: (padded length of each sequence, slot, ring, ring position, sequence ids,
+#: row ranges in the receive buffer).
+Block = tuple[list[int], int, tuple[int, ...], int, list[int], list[tuple[int, int]]]
 
 
 @dataclass
@@ -68,27 +71,29 @@ class Route:
     recv_at: dict[int, tuple[int, int]]
     """Source pool rank -> (first row, rows) of its region in ``recv``."""
     blocks: list[Block]
-    """Per microbatch of this rank: (slot, ring, ring position, sequence ids, row ranges in recv)."""
+    """Per microbatch of this rank: (padded lengths, slot, ring, ring position, sequence ids, row ranges in recv)."""
     lengths: list[int]
     """Real length of every global sequence."""
     dtypes: dict[str, torch.dtype]
     """The fields' dtypes (the same on every rank)."""
     pad: int
     """Rows per sequence are padded to a multiple of ``pad * cp`` (``Cluster.seq_pad_multiple``)."""
+    static_shapes: Optional[Any] = None
+    """CUDA-graph mode's ``dynacp.StaticShapes`` (each group padded to its bucket), else ``None``."""
 
 
-def _row_counts(plan: dynacp.Plan, owner: list[int], lengths: list[int], me: int, size: int, pad: int
-                ) -> tuple[list[int], list[int]]:
-    """Rows this rank sends to / receives from each pool rank; ``ValueError`` unless the plan schedules every
-    sequence exactly once."""
+def _row_counts(plan: dynacp.Plan, owner: list[int], lengths: list[int], me: int, size: int,
+                padded: dict[tuple[int, int], list[int]]) -> tuple[list[int], list[int]]:
+    """Rows this rank sends to / receives from each pool rank (``padded``: per (slot, group) the padded length of
+    each sequence); ``ValueError`` unless the plan schedules every sequence exactly once."""
     seen = [0] * len(lengths)
     send_rows, recv_rows = [0] * size, [0] * size
-    for slot in plan.microbatches:
-        for g in slot:
+    for k, slot in enumerate(plan.microbatches):
+        for j, g in enumerate(slot):
             cp = len(g.ranks)
-            for s in g.sequences:
+            for s, p in zip(g.sequences, padded[k, j]):
                 seen[s] += 1
-                n = padded_length(lengths[s], cp, pad) // cp
+                n = p // cp
                 for dst in g.ranks:
                     if owner[s] == me:
                         send_rows[dst] += n
@@ -100,13 +105,18 @@ def _row_counts(plan: dynacp.Plan, owner: list[int], lengths: list[int], me: int
     return send_rows, recv_rows
 
 
-def cut(plan: dynacp.Plan, pending: Gathered, me: int, size: int, pad: int) -> Route:
+def cut(plan: dynacp.Plan, pending: Gathered, me: int, size: int, pad: int,
+        static_shapes: Optional[Any] = None) -> Route:
     """Cut this rank's (pool index ``me`` of ``size``) send buffers and lay out its receive buffer (local work,
-    before any exchange)."""
+    before any exchange). In CUDA-graph mode (``static_shapes``) the plan is checked against the shapes first and
+    every group is padded to its bucket."""
+    check_plan(plan, static_shapes, size)
     owner = [r for r, ls in enumerate(pending.lengths) for _ in ls]
     local = [i for ls in pending.lengths for i in range(len(ls))]
     lengths = pending.flat_lengths
-    send_rows, recv_rows = _row_counts(plan, owner, lengths, me, size, pad)
+    padded = {(k, j): group_padded([lengths[s] for s in g.sequences], len(g.ranks), pad, static_shapes)
+              for k, slot in enumerate(plan.microbatches) for j, g in enumerate(slot)}
+    send_rows, recv_rows = _row_counts(plan, owner, lengths, me, size, padded)
     starts = cumulative(recv_rows)
     recv = torch.empty(starts[-1], WIDTH, dtype=torch.int64)
     recv_at = {r: (starts[r], recv_rows[r]) for r in range(size) if recv_rows[r]}
@@ -116,22 +126,22 @@ def cut(plan: dynacp.Plan, pending: Gathered, me: int, size: int, pad: int) -> R
     put, take = [0] * size, list(starts[:-1])
     blocks = []
     for k, slot in enumerate(plan.microbatches):
-        for g in slot:
+        for j, g in enumerate(slot):
             ring, cp = tuple(int(r) for r in g.ranks), len(g.ranks)
             pieces = []
-            for s in g.sequences:
-                n = padded_length(lengths[s], cp, pad) // cp
+            for s, p in zip(g.sequences, padded[k, j]):
+                n = p // cp
                 for i, dst in enumerate(ring):
                     if owner[s] == me:
-                        slice_rows(pending.samples[local[s]], s, cp, i, send[dst][put[dst]:put[dst] + n], pad)
+                        slice_rows(pending.samples[local[s]], s, cp, i, send[dst][put[dst]:put[dst] + n], pad, p)
                         put[dst] += n
                 if me in ring:
                     pieces.append((take[owner[s]], take[owner[s]] + n))
                     take[owner[s]] += n
             if me in ring and g.sequences:
-                blocks.append((k, ring, ring.index(me), list(g.sequences), pieces))
+                blocks.append((padded[k, j], k, ring, ring.index(me), list(g.sequences), pieces))
     return Route(send=send, recv=recv, recv_at=recv_at, blocks=blocks, lengths=lengths, dtypes=pending.dtypes,
-                 pad=pad)
+                 pad=pad, static_shapes=static_shapes)
 
 
 def exchange(route: Route, me: int, group: dist.ProcessGroup, pool: Timed) -> tuple[list[dict], RerouteStats]:
@@ -157,6 +167,7 @@ def exchange(route: Route, me: int, group: dist.ProcessGroup, pool: Timed) -> tu
     for what, req in reqs:
         pool.wait(req, f"the re-route ({what})", started)
     route.send.clear()
-    micro = [build_microbatch(route.recv, route.dtypes, route.lengths, route.pad, *block) for block in route.blocks]
+    micro = [build_microbatch(route.recv, route.dtypes, route.lengths, *block[:1], route.static_shapes, *block[1:])
+             for block in route.blocks]
     stats.output_bytes = sum(mb[k].nbytes for mb in micro for k in (*FIELDS, "sequence_ids"))
     return micro, stats

@@ -133,6 +133,11 @@ class DynamicCPDataIterator:
         predicted by the model the batch was planned with."""
         return self._online.state.step_log
 
+    def declared_shapes(self) -> list:
+        """The shapes CUDA-graph mode may emit (``Planner.static_shapes``; :meth:`Planner.declared_shapes`): capture
+        one graph per entry at start-up. Every microbatch this iterator yields has ``mb["shape"]`` among them."""
+        return self.planner.declared_shapes()
+
     def record(self, microbatch: dict, seconds: float, batch: Optional[int] = None) -> None:
         """Record that this rank trained ``microbatch`` (forward + backward) in ``seconds``; ``batch`` defaults to the
         latest global batch. Used by the online refit (``Planner.refit_every``; with it off nothing is kept); cheap,
@@ -182,7 +187,8 @@ class DynamicCPDataIterator:
 
     def _route(self, plan: dynacp.Plan, pending: Gathered) -> Route:
         """Stage 3, local part: cut the send buffers (:func:`reroute.cut`)."""
-        return reroute.cut(plan, pending, self.groups.pool_index, self.groups.pool_size, self._pad)
+        return reroute.cut(plan, pending, self.groups.pool_index, self.groups.pool_size, self._pad,
+                           self.planner.static_shapes)
 
     def _exchange_samples(self, route: Route) -> tuple[list[dict], RerouteStats]:
         """Stage 3, exchange: move the rows and build this rank's microbatches (:func:`reroute.exchange`)."""
