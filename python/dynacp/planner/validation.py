@@ -200,13 +200,16 @@ def held_out_runs_b() -> List[PublishedRun]:
     state: FSDP shards weights, gradients and optimizer states (zero3); the MoE rows force-balanced routing, ETP 1."""
     held = ROUND_ISSUE37B
     cs = ", FP8 (per-tensor current scaling)"
+    oss = ("; its H100 recipe (GPT_OSS_120B_PRETRAIN_CONFIG_H100_BF16_V1 / _V2 in Megatron-Bridge's scripts/"
+           "performance/configs/gpt_oss) sets PP 4, EP 8, ETP 1 and recompute_modules layernorm and moe_act")
+    oss_opts = {"etp": "1", "recompute_layernorm": True, "recompute_moe_act": True}
     return [
         _nemo("Llama3-8B FSDP", "llama3-8b", 8, 128, 1, 8192, 1, 1, 1, None, 1, True, 14451,
               BRIDGE_H100 + ", container 25.11, FSDP 8" + cs, options={"optimizer": "zero3"}, added=held),
         _nemo("GPT-OSS-120B mbs1", GPT_OSS_120B, 64, 1280, 1, 4096, 1, 4, 1, None, 8, False, 5993,
-              BRIDGE_H100 + ", container 26.02, BF16", options={"etp": "1"}, added=held),
+              BRIDGE_H100 + ", container 26.02, BF16" + oss, options=oss_opts, added=held),
         _nemo("GPT-OSS-120B mbs4", GPT_OSS_120B, 64, 512, 4, 4096, 1, 4, 1, None, 8, False, 5630,
-              BRIDGE_H100 + ", container 25.11, BF16", options={"etp": "1"}, added=held),
+              BRIDGE_H100 + ", container 25.11, BF16" + oss, options=oss_opts, added=held),
         _nemo("Qwen3-30B-A3B tokendrop", "qwen3-30b-a3b", 16, 512, 2, 4096, 1, 2, 1, 24, 8, True, 10494,
               BRIDGE_H100 + ", container 25.09, token-drop" + cs, options={"etp": "1"}, added=held),
         _nemo("Qwen3-235B-A22B tokendrop", "qwen3-235b-a22b", 256, 2048, 1, 4096, 2, 8, 1, 4, 32, True, 1204,
