@@ -21,6 +21,7 @@
 // deadlock, or under vpp > 1 microbatch counts that are not multiples of pp (megatron raises when it cannot split to
 // one) - count separately; dynacp must plan every instance where any other strategy does (under vpp > 1 a batch may
 // have no plan whose counts are all multiples of pp).
+// --small 1 draws small instances (at most 4 nodes of 4 ranks, at most 24 sequences), for long ring-set runs.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -157,7 +158,7 @@ int run_static_shapes(long instances, std::uint64_t seed) {
 int main(int argc, char** argv) {
   long instances = 1000;
   std::uint64_t seed = 1;
-  bool extended = false, links = false, ring_sets = false, static_shapes = false;
+  bool extended = false, links = false, ring_sets = false, static_shapes = false, small = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--instances"))
       instances = std::stol(argv[i + 1]);
@@ -171,6 +172,8 @@ int main(int argc, char** argv) {
       ring_sets = std::stoi(argv[i + 1]) != 0;
     else if (!std::strcmp(argv[i], "--static-shapes"))
       static_shapes = std::stoi(argv[i + 1]) != 0;
+    else if (!std::strcmp(argv[i], "--small"))
+      small = std::stoi(argv[i + 1]) != 0;
   }
   if (static_shapes) return run_static_shapes(instances, seed);
   std::mt19937_64 rng(seed), ext_rng(seed ^ 0x9e3779b97f4a7c15ULL), link_rng(seed ^ 0xc2b2ae3d27d4eb4fULL),
@@ -179,8 +182,9 @@ int main(int argc, char** argv) {
   const auto names = solve::strategy_names();
   for (long it = 0; it < instances; ++it) {
     Cluster c;
-    c.ranks_per_node = 1 + static_cast<int>(rng() % 8);
-    c.num_ranks = c.ranks_per_node * (1 + static_cast<int>(rng() % 8));
+    const std::uint64_t span = small ? 4 : 8;  // (--small 1)
+    c.ranks_per_node = 1 + static_cast<int>(rng() % span);
+    c.num_ranks = c.ranks_per_node * (1 + static_cast<int>(rng() % span));
     if (links) {  // defaults x e^u: intra u in [-2, 2], inter bandwidth u in [-1, 3], latencies u in [-2, 2]
       auto scale = [&](double lo, double hi) {
         return std::exp(std::uniform_real_distribution<double>(lo, hi)(link_rng));
@@ -218,7 +222,7 @@ int main(int argc, char** argv) {
     o.pp = it % 5 == 0 ? 4 : (it % 5 == 1 || it % 5 == 2 ? 2 : 1);
     o.vpp = it % 5 == 2 ? 2 : 1;
     Batch b;  // under vpp > 1 at least pp sequences (fewer cannot give every rank a multiple of pp microbatches)
-    const int n = std::max(1 + static_cast<int>(rng() % 96), o.vpp > 1 ? o.pp : 1);
+    const int n = std::max(1 + static_cast<int>(rng() % (small ? 24 : 96)), o.vpp > 1 ? o.pp : 1);
     std::lognormal_distribution<double> logn(std::log(static_cast<double>(cap)) - 1.5, 1.5);
     for (int i = 0; i < n; ++i) {
       b.lengths.push_back(std::clamp<std::int64_t>(static_cast<std::int64_t>(logn(rng)), 1, longest));
@@ -277,10 +281,10 @@ int main(int argc, char** argv) {
     }
   }
   std::printf(
-      "fuzz%s%s: %ld instances, %ld plans, %ld anchor plans rejected as 1F1B deadlocks, %ld as not interleavable "
+      "fuzz%s%s%s: %ld instances, %ld plans, %ld anchor plans rejected as 1F1B deadlocks, %ld as not interleavable "
       "(vpp 2), %ld batches no strategy could interleave, %ld dynacp slower\n",
-      extended ? " (extended form)" : "", ring_sets ? " (ring sets)" : "", instances, plans, deadlocks, unaligned,
-      unplanned, dynacp_worse);
+      extended ? " (extended form)" : "", ring_sets ? " (ring sets)" : "", small ? " (small)" : "", instances, plans,
+      deadlocks, unaligned, unplanned, dynacp_worse);
   if (links)
     std::printf("fuzz (random links): %ld instances on more than one node with a faster inter-node link\n",
                 inter_faster);

@@ -46,6 +46,15 @@ std::vector<int> RingSet::sizes() const {
   return out;
 }
 
+std::map<int, std::vector<int>> RingSet::consecutive_starts() const {
+  std::map<int, std::vector<int>> out;
+  for (const auto& [key, ring] : members_)  // key: the ranks ascending
+    if (key.back() - key.front() + 1 == static_cast<int>(key.size()))
+      out[static_cast<int>(key.size())].push_back(key.front());
+  for (auto& [d, starts] : out) std::sort(starts.begin(), starts.end());
+  return out;
+}
+
 const std::vector<int>* RingSet::find(const std::vector<int>& ranks) const {
   std::vector<int> key = ranks;
   std::sort(key.begin(), key.end());

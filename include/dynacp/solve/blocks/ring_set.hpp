@@ -31,6 +31,9 @@ class RingSet {
   bool allowed(int d) const { return empty() || d == 1 || by_size_.count(d) > 0; }
   /// The allowed degrees >= 2, ascending.
   std::vector<int> sizes() const;
+  /// Per degree d of the set (ascending), the first ranks r of its rings on the consecutive ranks r..r+d-1 (in any
+  /// ring order), ascending: where a builder may lay a ring of d consecutive ranks (shelves).
+  std::map<int, std::vector<int>> consecutive_starts() const;
   /// The set's ring with the ranks of `ranks` (any order), or nullptr; a single rank is its own ring.
   const std::vector<int>* find(const std::vector<int>& ranks) const;
   /// The ring of size d whose latest-free rank (largest `free`) frees first; ties: the earlier ring of the set.

@@ -165,6 +165,7 @@ class Builder {
  private:
   friend struct PipelinedBuild;
   friend struct FlatBuild;
+  friend struct SetShelf;
   friend struct ShelfSearch;
   void classify(const std::vector<std::size_t>& ids, double tau, int ring_order, std::vector<std::size_t>& shorts,
                 std::vector<Ring>& rings) const;

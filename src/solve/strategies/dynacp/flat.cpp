@@ -7,6 +7,8 @@
 //   3. a local search moves and swaps sequences between the slowest and the fastest ranks.
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <queue>
@@ -240,6 +242,81 @@ bool Builder::improve(const std::vector<double>& base, std::vector<std::vector<B
   return false;
 }
 
+// Shelves under a ring set (PlanOptions::ring_set): each ring of a shelf takes a ring of the set on consecutive ranks
+// - of an allowed degree at least its least one, widened while that costs it at most shelf_saturation x its least
+// allowed rank-time - so that the shelf's slowest ring is fastest (then the fewest ranks); a dynamic program over
+// the first free rank, for every order of the shelf's rings when they are few (else largest area first).
+struct SetShelf {
+  const Builder& b;
+  const std::map<int, std::vector<int>>& starts;  // RingSet::consecutive_starts
+  static constexpr std::size_t kOrders = 4;       // every order of shelves of at most this many rings
+
+  // The least allowed degree >= dmin (dmin when none: project() then names the missing ring).
+  int need(const Seq& q) const {
+    const auto it = std::lower_bound(b.allowed_sizes_.begin(), b.allowed_sizes_.end(), q.dmin);
+    return it == b.allowed_sizes_.end() ? q.dmin : *it;
+  }
+  // Lays out `members` (sequence indices, in this order, left to right with gaps allowed) on [0, P): the best
+  // (slowest time, ranks used) and the degrees and first ranks; false when the set has no such layout.
+  bool lay(const std::vector<std::size_t>& members, std::pair<double, int>& best, std::vector<Ring>& out) const {
+    const int P = b.cluster_.num_ranks;
+    const std::size_t n = members.size();
+    struct Cell {
+      std::pair<double, int> v{std::numeric_limits<double>::infinity(), 0};
+      int d = 0;  // 0: rank `at` stays free
+    };
+    std::vector<Cell> f((n + 1) * static_cast<std::size_t>(P + 1));
+    auto at = [&](std::size_t i, int r) -> Cell& { return f[i * static_cast<std::size_t>(P + 1) + r]; };
+    for (int r = 0; r <= P; ++r) at(n, r).v = {0.0, 0};
+    std::vector<std::vector<std::pair<int, double>>> cand(n);  // per member: (degree, time)
+    for (std::size_t i = 0; i < n; ++i) {
+      const Seq& q = b.seqs_[members[i]];
+      const int d0 = need(q);
+      const double limit = b.tuning_.shelf_saturation * d0 * b.time1(q, d0);
+      for (const auto& [d, firsts] : starts)
+        if (d >= d0 && (d == d0 || d * b.time1(q, d) <= limit)) cand[i].push_back({d, b.time1(q, d)});
+    }
+    for (std::size_t i = n; i-- > 0;)
+      for (int r = P - 1; r >= 0; --r) {
+        Cell c = at(i, r + 1);
+        c.d = 0;
+        for (const auto& [d, t] : cand[i]) {
+          if (r + d > P || !std::binary_search(starts.at(d).begin(), starts.at(d).end(), r)) continue;
+          const auto& rest = at(i + 1, r + d).v;
+          const std::pair<double, int> v{std::max(t, rest.first), rest.second + d};
+          if (v < c.v) c.v = v, c.d = d;
+        }
+        at(i, r) = c;
+      }
+    if (!std::isfinite(at(0, 0).v.first)) return false;
+    best = at(0, 0).v;
+    out.clear();
+    for (std::size_t i = 0, r = 0; i < n; ++r)
+      if (const int d = at(i, static_cast<int>(r)).d; d > 0) {
+        out.push_back({members[i], d, b.time1(b.seqs_[members[i]], d), static_cast<int>(r)});
+        r += static_cast<std::size_t>(d) - 1, ++i;
+      }
+    return true;
+  }
+  // The shelf of `wide` (largest area first): appended to `out` in that order; false when the set has no layout.
+  bool shelf(const std::vector<Ring>& wide, std::vector<Ring>& out) const {
+    std::vector<std::size_t> perm(wide.size());
+    std::iota(perm.begin(), perm.end(), 0);
+    std::pair<double, int> best{std::numeric_limits<double>::infinity(), 0}, v;
+    std::vector<Ring> chosen, laid;
+    do {
+      std::vector<std::size_t> members;
+      for (std::size_t k : perm) members.push_back(wide[k].seq);
+      if (lay(members, v, laid) && v < best) best = v, chosen = laid;
+    } while (wide.size() <= kOrders && std::next_permutation(perm.begin(), perm.end()));
+    if (chosen.empty()) return false;
+    for (const auto& w : wide)
+      for (const auto& r : chosen)
+        if (r.seq == w.seq) out.push_back(r);
+    return true;
+  }
+};
+
 // Rings for shelf packing (pp = 1): the sequences that need a ring at `tau`, largest area first, grouped into
 // shelves whose minimum degrees fit the pool together; within a shelf every ring gets a degree proportional to its
 // area (at least its minimum), so the shelf's rings finish together after about sum area / P. Long sequences whose
@@ -251,16 +328,28 @@ std::vector<Ring> Builder::shelves(double tau) const {
   classify(order_, tau, 0, shorts, rings);
   std::vector<Ring> out, rest, wide;
   for (const auto& r : rings) (seqs_[r.seq].dmin >= rpn ? wide : rest).push_back(r);
+  std::optional<std::map<int, std::vector<int>>> starts;  // under a ring set (SetShelf)
+  if (rings_ != nullptr) starts = rings_->consecutive_starts();
+  const SetShelf on_set{*this, starts ? *starts : std::map<int, std::vector<int>>{}};
+  auto least = [&](const Ring& r) { return starts ? on_set.need(seqs_[r.seq]) : seqs_[r.seq].dmin; };
   // Only when the wide rings crowd the pool (their minimum degrees take more than half of it); otherwise the plain
   // build already runs them side by side.
   int crowd = 0;
-  for (const auto& r : wide) crowd += seqs_[r.seq].dmin;
+  for (const auto& r : wide) crowd += least(r);
   if (wide.size() < 2 || 2 * crowd <= P) return {};
   for (std::size_t a = 0; a < wide.size();) {
     std::size_t z = a;
     int used = 0;
-    while (z < wide.size() && used + seqs_[wide[z].seq].dmin <= P) used += seqs_[wide[z].seq].dmin, ++z;
-    if (z == a) used = seqs_[wide[z].seq].dmin, ++z;  // cannot happen: dmin <= P (checked by plan())
+    while (z < wide.size() && used + least(wide[z]) <= P) used += least(wide[z]), ++z;
+    if (z == a) used = least(wide[z]), ++z;  // cannot happen: dmin <= P (checked by plan())
+    if (starts &&
+        on_set.shelf({wide.begin() + static_cast<std::ptrdiff_t>(a), wide.begin() + static_cast<std::ptrdiff_t>(z)},
+                     out)) {
+      a = z;
+      continue;
+    }
+    used = 0;
+    for (std::size_t i = a; i < z; ++i) used += seqs_[wide[i].seq].dmin;
     std::vector<int> d;
     for (std::size_t i = a; i < z; ++i) d.push_back(seqs_[wide[i].seq].dmin);
     // The spare ranks go one at a time to the ring that takes longest, so the shelf's rings end together, while that
