@@ -68,7 +68,8 @@ double fastest(const CostModel& cost, const Cluster& cluster, const GroupStats& 
 /// (d - 1) s kv / (d bw) of communication per rank (bw: the hop bandwidth of a d-rank ring), so it hides at most
 /// s / d (a eta s - (d - 1) kv / bw) - nothing in a wide inter-node ring unless it is very long. The members fit in
 /// the ring's memory (sum s <= d cap - L), so the work hidden per rank is at most
-/// (d cap - L) / d max(0, max_j a eta_j s_j - (d - 1) kv / bw), taking the layout (bandwidth) that hides the most. eta_j s_j is the largest over the batch but for s* itself.
+/// (d cap - L) / d max(0, max_j a eta_j s_j - (d - 1) kv / bw), taking the layout (bandwidth) that hides the most.
+/// eta_j s_j is the largest over the batch but for s* itself.
 class HideCap {
  public:
   HideCap(const Batch& batch, const Cluster& cluster, const CostModel& cost);
