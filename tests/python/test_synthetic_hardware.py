@@ -496,6 +496,10 @@ def test_held_out_group_error(calibrated):
     assert np.max(np.abs(err)) <= 0.10
 
 
+ALL_GAPS: list[float] = []
+"""Every calibrated plan's gap to the hardware bound, over the settings run so far (the issue's mean is over all)."""
+
+
 @pytest.mark.parametrize("pp", [1, 4])
 def test_calibrated_plans_are_near_the_hardware_bound(calibrated, pp):
     hw, cost_cal, cluster_cal = calibrated
@@ -523,5 +527,8 @@ def test_calibrated_plans_are_near_the_hardware_bound(calibrated, pp):
           f"{summary['default'][1]:.1f} %")
     print(f"cap {hw.cap} pp {pp}: calibrated model's step time vs the true one: max error {100 * max(priced):.2f} %")
     assert max(priced) <= 0.01
-    assert np.mean(gaps["calibrated"]) <= 0.04  # measured 3.5 % at most per setting (2.25 % over all 24 plans)
-    assert np.max(gaps["calibrated"]) <= 0.07   # measured 6.2 %
+    assert np.mean(gaps["calibrated"]) <= 0.04  # measured 3.1 % at most per setting
+    assert np.max(gaps["calibrated"]) <= 0.06   # issue 37: every plan within 1.06 of the bound (measured 5.7 %)
+    ALL_GAPS.extend(gaps["calibrated"])
+    if len(ALL_GAPS) == len(CAPS) * 2 * len(batches()):  # issue 37: 1.03 mean over all 24 plans (measured 2.2 %)
+        assert np.mean(ALL_GAPS) <= 0.03

@@ -8,6 +8,7 @@
 
 #include "dynacp/solve/blocks/placement.hpp"
 #include "dynacp/solve/blocks/timeline.hpp"
+#include "dynacp/solve/search/rebalance.hpp"
 #include "dynacp/solve/strategies.hpp"
 
 namespace dynacp::solve {
@@ -455,6 +456,7 @@ class Climber {
 Plan local_search(Plan start, const Batch& batch, const Cluster& cluster, const CostModel& cost,
                   const PlanOptions& options, const LocalSearchTuning& tuning,
                   std::chrono::steady_clock::time_point deadline) {
+  if (tuning.rebalance_solos) start = rebalance_solos(std::move(start), batch, cluster, cost, options);
   if (static_cast<int>(batch.size()) > tuning.max_sequences || cluster.num_ranks > tuning.max_ranks) return start;
   Climber climber(start, batch, cluster, cost, options, tuning, deadline);
   if (!climber.run()) return start;

@@ -38,16 +38,20 @@ struct LocalSearchTuning {
   /// Kicks once the climb stalls: the k-th move of a round (k = 0 .. kicks - 1, hot ranks' groups first) is taken
   /// even when it costs, the climb runs again, and the result is kept only when it beats the best plan so far.
   int kicks = 256;
+  /// Before the search (on every batch, whatever its size): rebalance_solos (rebalance.hpp), the one-rank groups'
+  /// sequences repacked onto the ranks where they finish earliest, kept when that lowers the score.
+  bool rebalance_solos = true;
 };
 
-/// Improves `start` (a valid plan of `batch` meeting options.count_policy) by first-improvement hill climbing and
-/// returns it; returns `start` unchanged (same slots) when no move lowers score(). Every plan it returns is valid
-/// (Plan::validate: each sequence once, every group's padded rows within the token capacity, a rank at most once per
-/// slot) and meets the count policy (equal counts under CountPolicy::Equal, multiples of pp under vpp > 1). A plan
-/// is a global order of groups laid out as early as each rank allows, so every rank keeps one list and shared groups
-/// keep one order (no deadlock). Deterministic: moves are tried in a fixed order (groups and ranks by index, ties
-/// by index) and the search stops at tuning's budgets; `deadline` (default: none) also stops it, at the price of
-/// results that depend on the machine's speed.
+/// Improves `start` (first with rebalance_solos when tuning.rebalance_solos, on any batch; then the climb below, on
+/// batches within max_sequences and max_ranks) (a valid plan of `batch` meeting options.count_policy) by
+/// first-improvement hill climbing and returns it; returns `start` unchanged (same slots) when no move lowers score().
+/// Every plan it returns is valid (Plan::validate: each sequence once, every group's padded rows within the token
+/// capacity, a rank at most once per slot) and meets the count policy (equal counts under CountPolicy::Equal, multiples
+/// of pp under vpp > 1). A plan is a global order of groups laid out as early as each rank allows, so every rank keeps
+/// one list and shared groups keep one order (no deadlock). Deterministic: moves are tried in a fixed order (groups and
+/// ranks by index, ties by index) and the search stops at tuning's budgets; `deadline` (default: none) also stops it,
+/// at the price of results that depend on the machine's speed.
 Plan local_search(Plan start, const Batch& batch, const Cluster& cluster, const CostModel& cost,
                   const PlanOptions& options, const LocalSearchTuning& tuning = {},
                   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
